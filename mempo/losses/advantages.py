@@ -1,0 +1,211 @@
+"""Advantages: group-normalized trajectory advantage (GRPO), memory advantage (Eq. 4, 5) and their token-level
+combination (Eq. 9), plus the registry of advantage estimators.
+
+Shapes: R trajectories, N turn samples (one per turn of a trajectory), T padded tokens per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+MEMORY_BASELINES = ("previous_memory", "question_only", "none")
+MEMORY_NORMALIZE = ("pooled", "per_turn")
+
+
+def _dense_ids(*keys: Tensor) -> Tensor:
+    """[M] contiguous ids 0..K-1 of the distinct tuples formed by ``keys`` (each [M])."""
+    if len(keys) == 1:
+        return torch.unique(keys[0], return_inverse=True)[1]
+    stacked = torch.stack([k.to(torch.long) for k in keys], dim=1)  # [M, K]
+    return torch.unique(stacked, dim=0, return_inverse=True)[1]
+
+
+def group_normalize(values: Tensor, group_ids: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
+    """[M] -> [M]: (v - group mean) / (group std + eps), unbiased std as ``torch.std``.
+
+    Without ``scale`` only the group mean is removed (Dr. GRPO). Groups of one member or of equal values give 0,
+    never NaN.
+    """
+    if values.shape != group_ids.shape or values.dim() != 1:
+        raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} must be equal 1-D")
+    if values.numel() == 0:
+        return values.clone()
+    ids = _dense_ids(group_ids)  # [M]
+    k = int(ids.max()) + 1
+    v = values.to(torch.float64)  # float64 sums keep equal-valued groups exactly zero
+    count = torch.zeros(k, dtype=v.dtype, device=v.device).index_add_(0, ids, torch.ones_like(v))  # [K]
+    mean = torch.zeros_like(count).index_add_(0, ids, v) / count  # [K]
+    centered = v - mean[ids]  # [M]
+    if not scale:
+        return centered.to(values.dtype)
+    sq = torch.zeros_like(count).index_add_(0, ids, centered * centered)  # [K]
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))  # [K]; a group of one has centered == 0 anyway
+    return (centered / (std[ids] + eps)).to(values.dtype)
+
+
+def grpo_advantage(rewards: Tensor, group_ids: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
+    """[R] trajectory rewards R^T -> [R] trajectory advantages A^T (GRPO; Dr. GRPO without ``scale``)."""
+    return group_normalize(rewards, group_ids, scale=scale, eps=eps)
+
+
+def memory_advantage(
+    mem_rewards: Tensor, group_ids: Tensor, turn_ids: Tensor, *, normalize: str = "pooled", eps: float = 1e-6
+) -> Tensor:
+    """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, mempo.md §3).
+
+    normalize: "pooled" (all memories of all rollouts of a task together) or "per_turn" (memories written at the
+    same turn index of the same task).
+    """
+    if normalize == "pooled":
+        keys = group_ids
+    elif normalize == "per_turn":
+        keys = _dense_ids(group_ids, turn_ids)
+    else:
+        raise ValueError(f"memory.normalize must be one of {MEMORY_NORMALIZE}, got {normalize!r}")
+    return group_normalize(mem_rewards, keys, scale=True, eps=eps)
+
+
+def answer_probability(answer_logp: Tensor, answer_mask: Tensor) -> Tensor:
+    """[M, L], [M, L] -> [M]: P(ans | q, m) = exp(mean log-prob of the L gold-answer tokens) (Eq. 4)."""
+    mask = answer_mask.to(answer_logp.dtype)
+    return torch.exp((answer_logp * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+
+
+def memory_rewards(
+    p_ans: Tensor, p_empty: Tensor, traj_ids: Tensor, turn_ids: Tensor, *, baseline: str = "previous_memory"
+) -> Tensor:
+    """R^M_{i,t} = P(ans | q, m_{i,t}) - eps_{i,t} (Eq. 5).
+
+    p_ans:   [M] P(ans | q, m) of each memory.
+    p_empty: [M] P(ans | q, empty memory) of the memory's task.
+    traj_ids, turn_ids: [M] which rollout and turn wrote the memory.
+    baseline: "previous_memory" (eps = P of the same rollout's memory at the previous turn that has one, or of
+    the empty memory before its first), "question_only" (eps = P(ans | q, empty)), "none" (eps = 0).
+    """
+    if baseline == "none":
+        return p_ans.clone()
+    if baseline == "question_only":
+        return p_ans - p_empty
+    if baseline != "previous_memory":
+        raise ValueError(f"memory.baseline must be one of {MEMORY_BASELINES}, got {baseline!r}")
+    if p_ans.numel() == 0:
+        return p_ans.clone()
+    # Sort by (trajectory, turn); the predecessor of each memory is the previous entry of the same trajectory.
+    order = torch.argsort(turn_ids, stable=True)
+    order = order[torch.argsort(traj_ids[order], stable=True)]  # [M]
+    p_sorted, traj_sorted = p_ans[order], traj_ids[order]
+    prev = torch.empty_like(p_sorted)
+    prev[0] = p_empty[order[0]]
+    first = torch.ones_like(traj_sorted, dtype=torch.bool)
+    first[1:] = traj_sorted[1:] != traj_sorted[:-1]
+    prev[1:] = p_sorted[:-1]
+    prev = torch.where(first, p_empty[order], prev)
+    eps = torch.empty_like(prev)
+    eps[order] = prev
+    return p_ans - eps
+
+
+def token_advantages(
+    traj_adv: Tensor, mem_adv: Tensor, response_mask: Tensor, mem_mask: Tensor, *, alpha: float = 1.0
+) -> Tensor:
+    """Per-token advantages of N turn samples (Eq. 9).
+
+    traj_adv:      [N] A^T of each sample's trajectory.
+    mem_adv:       [N] A^M of the memory written in that turn (0 where the turn wrote none).
+    response_mask: [N, T] tokens sampled by the policy.
+    mem_mask:      [N, T] tokens of the turn's ``<mem>...</mem>`` span.
+    -> adv [N, T] = (A^T + alpha * A^M * mem_mask) * response_mask. alpha = 0 is plain GRPO exactly.
+    """
+    resp = response_mask.to(traj_adv.dtype)
+    mem = (mem_mask & response_mask.bool()).to(traj_adv.dtype)
+    adv = traj_adv[:, None] * resp  # [N, T]
+    if alpha != 0.0:
+        adv = adv + alpha * mem_adv[:, None] * mem
+    return adv
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registry of advantage estimators: one uniform signature, so a new estimator is a function and a config value.
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may use (tensors only).
+
+    rewards:       [R] trajectory rewards R^T.
+    group_ids:     [R] task (group) of each trajectory.
+    traj_ids:      [N] trajectory of each turn sample (index into ``rewards``).
+    turn_ids:      [N] turn index of each sample.
+    mem_rewards:   [N] R^M of the memory the turn wrote (ignored where not ``mem_valid``).
+    mem_valid:     [N] the turn wrote a memory that was scored.
+    response_mask: [N, T]; mem_mask: [N, T].
+    """
+
+    rewards: Tensor
+    group_ids: Tensor
+    traj_ids: Tensor
+    turn_ids: Tensor
+    mem_rewards: Tensor
+    mem_valid: Tensor
+    response_mask: Tensor
+    mem_mask: Tensor
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """alpha: weight of A^M on memory tokens; scale: divide by the group std; normalize: memory grouping."""
+
+    alpha: float = 1.0
+    scale: bool = True
+    normalize: str = "pooled"
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.normalize not in MEMORY_NORMALIZE:
+            raise ValueError(f"memory.normalize must be one of {MEMORY_NORMALIZE}, got {self.normalize!r}")
+
+
+AdvantageEstimator = Callable[[AdvantageInputs, AdvantageParams], Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    def deco(fn: AdvantageEstimator) -> AdvantageEstimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def compute_advantages(name: str, inputs: AdvantageInputs, params: AdvantageParams) -> Tensor:
+    """-> adv [N, T] from the estimator registered as ``name``."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[name](inputs, params)
+
+
+@register_advantage("grpo")
+def grpo_estimator(x: AdvantageInputs, p: AdvantageParams) -> Tensor:
+    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=p.scale, eps=p.eps)  # [R]
+    return token_advantages(
+        traj_adv[x.traj_ids], torch.zeros_like(x.mem_rewards), x.response_mask, x.mem_mask, alpha=0.0
+    )
+
+
+@register_advantage("mempo")
+def mempo_estimator(x: AdvantageInputs, p: AdvantageParams) -> Tensor:
+    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=p.scale, eps=p.eps)  # [R]
+    mem_adv = torch.zeros_like(x.mem_rewards)  # [N]
+    valid = x.mem_valid.bool()
+    if valid.any():
+        sample_groups = x.group_ids[x.traj_ids]  # [N]
+        mem_adv[valid] = memory_advantage(
+            x.mem_rewards[valid], sample_groups[valid], x.turn_ids[valid], normalize=p.normalize, eps=p.eps
+        )
+    return token_advantages(traj_adv[x.traj_ids], mem_adv, x.response_mask, x.mem_mask, alpha=p.alpha)
