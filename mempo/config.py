@@ -1,0 +1,235 @@
+"""The run configuration schema: one dataclass per config group of ``experiments/configs``.
+
+Hydra composes the YAML tree; ``validate_config`` merges it into this schema, so a key that does not exist is an
+error naming the full key, and a value of the wrong type is an error naming key and value, both before any model
+loads. Value ranges are checked by ``check_values``. Keys repeat the keyword names of the functions they feed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mempo.losses import AGG_MODES, KL_KINDS, MEMORY_BASELINES, MEMORY_NORMALIZE
+
+CONTEXT_MODES = ("memory", "full_history")
+REWARD_KINDS = ("all_em", "mean_em", "mean_f1")
+SAMPLER_BACKENDS = ("vllm", "hf")
+RETRIEVERS = ("bm25", "http")
+DATA_SOURCES = ("synthetic", "qa_files")
+LOGGERS = ("csv", "wandb")
+
+
+@dataclass
+class ModelSchema:
+    name_or_path: str = "smollm2-135m-instruct"  # a local HF folder, "smollm2-135m-instruct", "tiny", or a hub id
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    cache_dir: str | None = None  # default: $MEMPO_CACHE or ~/.cache/mempo
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class SamplerSchema:
+    backend: str = "vllm"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 160
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 4096
+    enable_sleep_mode: bool = False
+    kv_cache_space_gb: int | None = 2
+    sync_every: int = 1  # push weights into the engine every k optimizer steps
+
+
+@dataclass
+class EnvSchema:
+    retriever: str = "bm25"
+    corpus: str | None = None  # JSONL {"id","contents"}; null = the synthetic world's corpus
+    url: str | None = None  # http retriever endpoint, e.g. http://127.0.0.1:8000/retrieve
+    topk: int = 3
+    max_passage_tokens: int = 64
+    timeout_s: float = 10.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+
+
+@dataclass
+class TagsSchema:
+    mem: str = "mem"
+    think: str = "think"
+    search: str = "search"
+    answer: str = "answer"
+    information: str = "information"
+
+
+@dataclass
+class AgentSchema:
+    context: str = "memory"  # memory (MemPO) | full_history (ReAct baseline)
+    max_turns: int = 16
+    keep_previous_turn: bool = False  # also keep the previous turn's <think>/<search> text in a memory prompt
+    max_context_tokens: int = 3072  # a prompt longer than this ends the rollout (format failure: runaway context)
+
+
+@dataclass
+class DataSchema:
+    source: str = "synthetic"
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    objectives: int = 2
+    batch_size: int = 4  # tasks per RL step
+    group_size: int = 4  # G rollouts per task
+    world_seed: int = 0
+    num_val_tasks: int = 16
+    num_workers: int = 0
+
+
+@dataclass
+class RewardSchema:
+    kind: str = "all_em"
+
+
+@dataclass
+class MemorySchema:
+    alpha: float = 1.0
+    baseline: str = "previous_memory"
+    normalize: str = "pooled"
+    include_tags: bool = True
+
+
+@dataclass
+class AdvantageSchema:
+    estimator: str = "mempo"
+    scale: bool = True
+
+
+@dataclass
+class LossSchema:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    kl_coef: float = 1e-3
+    kl_kind: str = "k3"
+    agg: str = "traj_mean_token_mean"
+    tis_cap: float | None = None
+
+
+@dataclass
+class OptimSchema:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    micro_batch_size: int = 8
+    old_logp: str = "sampler"  # sampler | recompute
+
+
+@dataclass
+class TrainerSchema:
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_steps: int = 4
+    log_every_n_steps: int = 1
+
+
+@dataclass
+class LoggerSchema:
+    kind: str = "csv"
+    project: str = "mempo"
+    entity: str | None = None
+    mode: str | None = None  # wandb mode; null = online when an API key is configured, else offline
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CkptSchema:
+    every_n_steps: int = 2
+
+
+@dataclass
+class RootSchema:
+    name: str = "default"
+    stage: str = "rl"
+    seed: int = 0
+    run_dir: str = "runs/default"
+    resume: bool = False
+    model: ModelSchema = field(default_factory=ModelSchema)
+    sampler: SamplerSchema = field(default_factory=SamplerSchema)
+    env: EnvSchema = field(default_factory=EnvSchema)
+    tags: TagsSchema = field(default_factory=TagsSchema)
+    agent: AgentSchema = field(default_factory=AgentSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    reward: RewardSchema = field(default_factory=RewardSchema)
+    memory: MemorySchema = field(default_factory=MemorySchema)
+    advantage: AdvantageSchema = field(default_factory=AdvantageSchema)
+    loss: LossSchema = field(default_factory=LossSchema)
+    optim: OptimSchema = field(default_factory=OptimSchema)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
+    ckpt: CkptSchema = field(default_factory=CkptSchema)
+
+
+STAGES = ("rl", "sft", "demo", "rollout")
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"config key {key}={value!r} is not one of {list(allowed)}")
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Range and choice checks, each naming the key (called before any model loads)."""
+    _choice("stage", cfg.stage, STAGES)
+    _choice("agent.context", cfg.agent.context, CONTEXT_MODES)
+    _choice("reward.kind", cfg.reward.kind, REWARD_KINDS)
+    _choice("sampler.backend", cfg.sampler.backend, SAMPLER_BACKENDS)
+    _choice("env.retriever", cfg.env.retriever, RETRIEVERS)
+    _choice("data.source", cfg.data.source, DATA_SOURCES)
+    _choice("logger.kind", cfg.logger.kind, LOGGERS)
+    _choice("memory.baseline", cfg.memory.baseline, MEMORY_BASELINES)
+    _choice("memory.normalize", cfg.memory.normalize, MEMORY_NORMALIZE)
+    _choice("loss.kl_kind", cfg.loss.kl_kind, KL_KINDS)
+    _choice("loss.agg", cfg.loss.agg, AGG_MODES)
+    _choice("optim.old_logp", cfg.optim.old_logp, ("sampler", "recompute"))
+    checks = [
+        ("data.group_size", cfg.data.group_size >= 2, "must be >= 2 (GRPO needs a group)"),
+        ("data.batch_size", cfg.data.batch_size >= 1, "must be >= 1"),
+        ("data.objectives", cfg.data.objectives >= 1, "must be >= 1"),
+        ("loss.eps_low", 0.0 < cfg.loss.eps_low < 1.0, "must be in (0, 1)"),
+        ("loss.eps_high", cfg.loss.eps_high > 0.0, "must be > 0"),
+        ("loss.kl_coef", cfg.loss.kl_coef >= 0.0, "must be >= 0"),
+        ("agent.max_turns", cfg.agent.max_turns >= 1, "must be >= 1"),
+        ("sampler.temperature", cfg.sampler.temperature >= 0.0, "must be >= 0"),
+        ("sampler.top_p", 0.0 < cfg.sampler.top_p <= 1.0, "must be in (0, 1]"),
+        ("sampler.max_new_tokens", cfg.sampler.max_new_tokens >= 1, "must be >= 1"),
+        ("optim.lr", cfg.optim.lr > 0.0, "must be > 0"),
+        ("optim.ppo_epochs", cfg.optim.ppo_epochs >= 1, "must be >= 1"),
+        ("optim.micro_batch_size", cfg.optim.micro_batch_size >= 1, "must be >= 1"),
+        ("env.topk", cfg.env.topk >= 1, "must be >= 1"),
+        ("ckpt.every_n_steps", cfg.ckpt.every_n_steps >= 1, "must be >= 1"),
+    ]
+    for key, ok, why in checks:
+        if not ok:
+            raise ValueError(f"config key {key}={OmegaConf.select(cfg, key)!r} {why}")
+    if cfg.env.retriever == "http" and not cfg.env.url:
+        raise ValueError("config key env.url is required when env.retriever=http")
+    if cfg.data.source == "qa_files" and not cfg.data.train_files:
+        raise ValueError("config key data.train_files is required when data.source=qa_files")
+
+
+def validate_config(cfg: DictConfig) -> DictConfig:
+    """Merge a composed config into the schema (unknown keys and wrong types raise, naming the key), then check
+    value ranges. Returns the typed, read-only config."""
+    schema = OmegaConf.structured(RootSchema)
+    cfg = OmegaConf.merge(schema, cfg)  # raises ConfigKeyError / ValidationError naming the full key
+    check_values(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg

@@ -1,0 +1,112 @@
+"""Every shipped config composes and validates; bad keys and values fail naming the key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from mempo.config import validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "experiments" / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "exp").glob("*.yaml"))
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_the_expected_experiments_ship():
+    assert {"mempo", "ablation_nomem", "grpo_react", "sft", "demo"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(exp):
+    cfg = validate_config(compose_cfg(f"+exp={exp}"))
+    assert cfg.name == exp
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_takes_the_documented_overrides(exp, tmp_path):
+    overrides = [
+        f"+exp={exp}", "model=tiny", "sampler=hf", "logger=wandb", "trainer.max_steps=3", "data.batch_size=2",
+        "data.group_size=3", "data.objectives=1", "ckpt.every_n_steps=1", f"run_dir={tmp_path}", "resume=true",
+    ]
+    cfg = validate_config(compose_cfg(*overrides))
+    assert (cfg.model.name_or_path, cfg.sampler.backend, cfg.logger.kind) == ("tiny", "hf", "wandb")
+    assert (cfg.trainer.max_steps, cfg.data.batch_size, cfg.data.group_size) == (3, 2, 3)
+    assert cfg.run_dir == str(tmp_path) and cfg.resume is True
+
+
+@pytest.mark.parametrize("group", ["model", "sampler", "env", "data", "loss", "trainer", "logger"])
+def test_every_group_option_validates(group):
+    for option in sorted(p.stem for p in (CONFIGS / group).glob("*.yaml")):
+        extra = ["data.train_files=[x.jsonl]"] if (group, option) == ("data", "qa_files") else []
+        validate_config(compose_cfg(f"{group}={option}", *extra))
+
+
+def test_ablation_nomem_is_the_default_with_alpha_zero():
+    base = OmegaConf.to_container(validate_config(compose_cfg()), resolve=True)
+    ablation = OmegaConf.to_container(validate_config(compose_cfg("+exp=ablation_nomem")), resolve=True)
+    assert ablation["memory"]["alpha"] == 0.0
+    base["memory"]["alpha"], base["name"], base["run_dir"] = 0.0, "ablation_nomem", "runs/ablation_nomem"
+    assert ablation == base  # the delta is exactly alpha (and the name)
+
+
+def test_debug_group_shrinks_a_run():
+    cfg = validate_config(compose_cfg("+exp=mempo", "+debug=default"))
+    assert cfg.model.name_or_path == "tiny" and cfg.trainer.max_steps == 2
+
+
+def test_unknown_key_is_an_error_naming_it():
+    with pytest.raises(ConfigKeyError, match="no_such_key"):
+        validate_config(OmegaConf.merge(compose_cfg(), {"loss": {"no_such_key": 1}}))
+
+
+def test_wrong_type_is_an_error_naming_the_key():
+    with pytest.raises(ValidationError, match="group_size"):
+        validate_config(OmegaConf.merge(compose_cfg(), {"data": {"group_size": "many"}}))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.group_size=1", "data.group_size"),
+        ("loss.eps_low=1.5", "loss.eps_low"),
+        ("loss.eps_low=0", "loss.eps_low"),
+        ("memory.baseline=oracle", "memory.baseline"),
+        ("memory.normalize=global", "memory.normalize"),
+        ("env.retriever=faiss", "env.retriever"),
+        ("loss.agg=sum", "loss.agg"),
+        ("reward.kind=bleu", "reward.kind"),
+        ("agent.context=tree", "agent.context"),
+    ],
+)
+def test_invalid_values_name_the_key(override, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate_config(compose_cfg(override))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "run.py"), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_missing_experiment_lists_the_known_ones():
+    out = _run("+exp=missing")
+    assert out.returncode != 0
+    for exp in EXPERIMENTS:
+        assert exp in out.stderr
+
+
+def test_cli_unknown_key_names_it():
+    for arg in ("no_such_key=1", "+no_such_key=1", "loss.no_such_key=1"):
+        out = _run(arg)
+        assert out.returncode != 0
+        assert "no_such_key" in out.stderr
