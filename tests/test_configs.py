@@ -34,8 +34,17 @@ def test_every_experiment_composes_and_validates(exp):
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_experiment_takes_the_documented_overrides(exp, tmp_path):
     overrides = [
-        f"+exp={exp}", "model=tiny", "sampler=hf", "logger=wandb", "trainer.max_steps=3", "data.batch_size=2",
-        "data.group_size=3", "data.objectives=1", "ckpt.every_n_steps=1", f"run_dir={tmp_path}", "resume=true",
+        f"+exp={exp}",
+        "model=tiny",
+        "sampler=hf",
+        "logger=wandb",
+        "trainer.max_steps=3",
+        "data.batch_size=2",
+        "data.group_size=3",
+        "data.objectives=1",
+        "ckpt.every_n_steps=1",
+        f"run_dir={tmp_path}",
+        "resume=true",
     ]
     cfg = validate_config(compose_cfg(*overrides))
     assert (cfg.model.name_or_path, cfg.sampler.backend, cfg.logger.kind) == ("tiny", "hf", "wandb")
