@@ -1,0 +1,262 @@
+"""The agent loop: G rollouts per task, turn by turn, all live rollouts batched into one generate call per turn.
+
+Each model turn becomes one training sample (its prompt + its generated tokens, exactly as sampled). A malformed
+turn ends its rollout as a format failure (mempo.md §1); it is kept as a sample so the update can push it down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from mempo.data.tasks import Task
+from mempo.rollout.format import Tags, parse_turn
+from mempo.rollout.masks import decode_with_offsets, mem_token_mask
+from mempo.rollout.prompts import PromptBuilder, TurnContext
+from mempo.rollout.rewards import objective_scores, trajectory_reward
+from mempo.rollout.sampler import Sampler, SamplingConfig
+
+
+class Env(Protocol):
+    def search(self, queries: Sequence[str]) -> list[str]:
+        """Queries -> tool results, each wrapped in <information>."""
+        ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Config group ``agent`` plus the sampling parameters of each turn."""
+
+    context: str = "memory"
+    max_turns: int = 16
+    keep_previous_turn: bool = False
+    max_context_tokens: int = 3072
+    include_tags: bool = True  # the memory mask covers the <mem> tags themselves
+    sampling: SamplingConfig = SamplingConfig()
+
+    def __post_init__(self) -> None:
+        if self.context not in ("memory", "full_history"):
+            raise ValueError(f"agent.context must be 'memory' or 'full_history', got {self.context!r}")
+        if self.max_turns < 1:
+            raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
+
+
+@dataclass
+class TurnSample:
+    """One turn of one rollout. response_ids / sampler_logp / mem_mask: [L] aligned."""
+
+    traj_id: int
+    group_id: int
+    turn_id: int  # 1-based
+    prompt_ids: list[int]
+    response_ids: list[int]
+    sampler_logp: list[float]
+    mem_mask: list[bool]
+    text: str
+    parsed: ParsedTurn
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def generated_tokens(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class Trajectory:
+    traj_id: int
+    group_id: int
+    task: Task
+    turns: list[TurnSample] = field(default_factory=list)
+    answer: str | None = None
+    finish: str = "running"  # answer | max_turns | format_error | context_overflow
+    error: str | None = None
+    reward: float = 0.0
+    scores: list[tuple[float, float]] = field(default_factory=list)  # (EM, F1) per objective
+
+    @property
+    def format_ok(self) -> bool:
+        return self.finish in ("answer", "max_turns")
+
+    @property
+    def memories(self) -> list[str]:
+        return [t.parsed.memory for t in self.turns if t.parsed.memory]
+
+    @property
+    def total_tokens(self) -> int:
+        """TT: every prompt plus every generation over the task."""
+        return sum(t.context_tokens + t.generated_tokens for t in self.turns)
+
+    @property
+    def peak_tokens(self) -> int:
+        """PT: the largest single turn (its context plus its generation)."""
+        return max((t.context_tokens + t.generated_tokens for t in self.turns), default=0)
+
+
+@dataclass
+class RolloutBatch:
+    trajectories: list[Trajectory]
+
+    @property
+    def samples(self) -> list[TurnSample]:
+        return [s for t in self.trajectories for s in t.turns]
+
+    def to_tensors(self, pad_id: int) -> dict[str, torch.Tensor]:
+        """Right-padded training tensors of all turn samples.
+
+        input_ids, attention_mask, response_mask, mem_mask, sampler_logp: [N, T] (sampler_logp at the position of
+        the token it scores); traj_ids, group_ids, turn_ids: [N]; rewards: [R]; traj_group_ids: [R].
+        """
+        samples = self.samples
+        n = len(samples)
+        t_len = max((len(s.prompt_ids) + len(s.response_ids) for s in samples), default=0)
+        input_ids = torch.full((n, t_len), pad_id, dtype=torch.long)
+        attention = torch.zeros(n, t_len, dtype=torch.bool)
+        response = torch.zeros(n, t_len, dtype=torch.bool)
+        mem = torch.zeros(n, t_len, dtype=torch.bool)
+        logp = torch.zeros(n, t_len, dtype=torch.float32)
+        for i, s in enumerate(samples):
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+            attention[i, : p + r] = True
+            response[i, p : p + r] = True
+            mem[i, p : p + r] = torch.tensor(s.mem_mask, dtype=torch.bool)
+            logp[i, p : p + r] = torch.tensor(s.sampler_logp, dtype=torch.float32)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "response_mask": response,
+            "mem_mask": mem,
+            "sampler_logp": logp,
+            "traj_ids": torch.tensor([s.traj_id for s in samples], dtype=torch.long),
+            "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long),
+            "turn_ids": torch.tensor([s.turn_id for s in samples], dtype=torch.long),
+            "rewards": torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32),
+            "traj_group_ids": torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long),
+        }
+
+
+def _clip_to_stop(text: str, stops: Sequence[str], last_token_start: int) -> str:
+    """A stop string can end inside the last sampled token (e.g. "</answer>\\n"); the characters after it that the
+    same token carried are a tokenization artifact, not model output, so they are cut before parsing."""
+    for stop in stops:
+        end = text.find(stop)
+        if end >= 0 and end + len(stop) > last_token_start:
+            return text[: end + len(stop)]
+    return text
+
+
+def collect(
+    sampler: Sampler,
+    env: Env,
+    tasks: Sequence[Task],
+    group_size: int,
+    builder: PromptBuilder,
+    config: AgentConfig,
+    *,
+    tags: Tags = Tags(),
+    reward_kind: str = "all_em",
+) -> RolloutBatch:
+    """Run ``group_size`` rollouts of every task to the end; return trajectories with rewards set.
+
+    Trajectory i belongs to group (task) i // group_size. One ``sampler.generate`` call per turn carries every
+    live rollout; one ``env.search`` call per turn carries every search.
+    """
+    trajs = [Trajectory(i, i // group_size, tasks[i // group_size]) for i in range(len(tasks) * group_size)]
+    ctxs = [TurnContext(question=t.task.question) for t in trajs]
+    stops = tags.stop_strings()
+    sampling = SamplingConfig(
+        n=1,
+        max_new_tokens=config.sampling.max_new_tokens,
+        temperature=config.sampling.temperature,
+        top_p=config.sampling.top_p,
+        stop=stops,
+        seed=config.sampling.seed,
+    )
+    for turn in range(1, config.max_turns + 1):
+        live = [t for t in trajs if t.finish == "running"]
+        if not live:
+            break
+        prompts: dict[int, list[int]] = {}
+        for t in live:
+            ids = builder.prompt(ctxs[t.traj_id], config.context)
+            if len(ids) + sampling.max_new_tokens > config.max_context_tokens:
+                t.finish, t.error = "context_overflow", f"turn {turn}: prompt of {len(ids)} tokens leaves no room"
+                continue
+            prompts[t.traj_id] = ids
+        if not prompts:
+            break
+        # A distinct seed per turn; the sampler derives a distinct one per prompt from it.
+        turn_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + 7919 * turn)
+        generations = sampler.generate(list(prompts.values()), turn_sampling)
+        searches: list[tuple[Trajectory, str, str]] = []
+        for (traj_id, prompt_ids), gens in zip(prompts.items(), generations):
+            t, gen = trajs[traj_id], gens[0]
+            text, offsets = decode_with_offsets(gen.token_ids, builder.tokenizer)
+            last_start = offsets[-1][0] if offsets else 0
+            parsed = parse_turn(_clip_to_stop(text, stops, last_start), tags)
+            if parsed.ok and gen.finish_reason == "length":  # cannot happen with stop strings; kept as a guard
+                parsed = replace(parsed, ok=False, error="generation hit max_new_tokens")
+            mask = mem_token_mask(offsets, parsed, include_tags=config.include_tags)
+            t.turns.append(
+                TurnSample(
+                    traj_id=traj_id,
+                    group_id=t.group_id,
+                    turn_id=turn,
+                    prompt_ids=list(prompt_ids),
+                    response_ids=list(gen.token_ids),
+                    sampler_logp=list(gen.logprobs),
+                    mem_mask=[bool(x) for x in mask.tolist()],
+                    text=text,
+                    parsed=parsed,
+                )
+            )
+            if not parsed.ok:
+                reason = parsed.error or "malformed turn"
+                if gen.finish_reason == "length":
+                    reason = f"no action closing tag within {sampling.max_new_tokens} new tokens ({reason})"
+                t.finish, t.error = "format_error", f"turn {turn}: {reason}"
+            elif parsed.action == "answer":
+                t.finish, t.answer = "answer", parsed.argument
+            else:
+                searches.append((t, text, parsed.argument or ""))
+        if searches:
+            infos = env.search([q for _, _, q in searches])
+            for (t, text, _), info in zip(searches, infos):
+                prev = ctxs[t.traj_id]
+                ctxs[t.traj_id] = TurnContext(
+                    question=prev.question,
+                    memory=t.turns[-1].parsed.memory,
+                    information=info,
+                    previous_turn=text,
+                    history=prev.history + ((text, info),),
+                )
+    for t in trajs:
+        if t.finish == "running":
+            t.finish = "max_turns"
+        t.scores = objective_scores(t.answer, t.task.gold_answers)
+        t.reward = trajectory_reward(t.answer, t.task.gold_answers, format_ok=t.format_ok, kind=reward_kind)
+    return RolloutBatch(trajs)
+
+
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """rollout/* metrics of a batch."""
+    trajs = batch.trajectories
+    n = max(len(trajs), 1)
+    samples = batch.samples
+    return {
+        "rollout/reward_mean": sum(t.reward for t in trajs) / n,
+        "rollout/format_ok": sum(t.format_ok for t in trajs) / n,
+        "rollout/answered": sum(t.finish == "answer" for t in trajs) / n,
+        "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
+        "rollout/em_mean": sum(sum(e for e, _ in t.scores) / max(len(t.scores), 1) for t in trajs) / n,
+        "rollout/f1_mean": sum(sum(f for _, f in t.scores) / max(len(t.scores), 1) for t in trajs) / n,
+        "rollout/tt_mean": sum(t.total_tokens for t in trajs) / n,
+        "rollout/pt_mean": sum(t.peak_tokens for t in trajs) / n,
+        "memory/tokens_mean": sum(sum(s.mem_mask) for s in samples) / max(len(samples), 1),
+    }
