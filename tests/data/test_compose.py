@@ -1,0 +1,79 @@
+"""The multi-objective composer: determinism, gold joining, epochs with replacement, bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from mempo.data.compose import compose_tasks
+from mempo.data.tasks import ANSWER_SEPARATOR, Question, Task
+
+POOL = [Question(f"Question number {i}?", (f"answer {i}", f"alias {i}"), f"q{i}") for i in range(11)]
+
+
+def qids(tasks: list[Task]) -> list[tuple[str, ...]]:
+    return [tuple(q.qid for q in t.objectives) for t in tasks]
+
+
+def test_one_epoch_uses_each_question_at_most_once() -> None:
+    tasks = compose_tasks(POOL, 3, seed=5)
+    assert len(tasks) == len(POOL) // 3
+    used = [qid for group in qids(tasks) for qid in group]
+    assert len(used) == len(set(used)) == 9
+    assert [t.task_id for t in tasks] == ["task-0", "task-1", "task-2"]
+    assert all(len(t.objectives) == 3 for t in tasks)
+
+
+def test_same_seed_same_tasks_different_seed_different_tasks() -> None:
+    assert compose_tasks(POOL, 2, seed=1) == compose_tasks(POOL, 2, seed=1)
+    assert qids(compose_tasks(POOL, 2, seed=1)) != qids(compose_tasks(POOL, 2, seed=2))
+
+
+def test_gold_joins_canonical_answers_in_objective_order() -> None:
+    for task in compose_tasks(POOL, 4, seed=0, prefix="mix"):
+        assert task.task_id.startswith("mix-")
+        assert task.gold == ANSWER_SEPARATOR.join(q.answers[0] for q in task.objectives)
+        assert task.gold.count("; ") == 3
+        assert task.gold_answers == tuple(q.answers for q in task.objectives)
+        assert task.question.splitlines()[1] == f"(2) {task.objectives[1].question}"
+
+
+def test_more_tasks_than_one_epoch_repeats_epochs_with_fresh_shuffles() -> None:
+    one_epoch = compose_tasks(POOL, 3, seed=4)
+    many = compose_tasks(POOL, 3, num_tasks=10, seed=4)
+    assert len(many) == 10 and len({t.task_id for t in many}) == 10
+    assert many[:3] == one_epoch, "the first tasks do not depend on num_tasks"
+    assert compose_tasks(POOL, 3, num_tasks=2, seed=4) == one_epoch[:2]
+    for group in qids(many):
+        assert len(set(group)) == 3, "no question twice inside one task"
+    for epoch in range(3):
+        used = [qid for group in qids(many[3 * epoch : 3 * epoch + 3]) for qid in group]
+        assert len(used) == len(set(used)), "no question twice inside one epoch"
+    assert qids(many[:3]) != qids(many[3:6])
+
+
+def test_single_objective_and_whole_pool() -> None:
+    singles = compose_tasks(POOL, 1)
+    assert sorted(q.qid for t in singles for q in t.objectives) == sorted(q.qid for q in POOL)
+    assert singles[0].question == singles[0].objectives[0].question
+    assert len(compose_tasks(POOL, len(POOL))) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(questions=POOL, objectives=0), "objectives must be >= 1"),
+        (dict(questions=[], objectives=2), "pool is empty"),
+        (dict(questions=POOL[:3], objectives=4), "pool of 3 questions cannot fill one task of 4"),
+        (dict(questions=POOL, objectives=2, num_tasks=0), "num_tasks must be >= 1"),
+    ],
+)
+def test_bad_arguments_name_the_problem(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        compose_tasks(**kwargs)
+
+
+def test_an_empty_answer_is_rejected_naming_the_question() -> None:
+    with pytest.raises(ValueError, match="'q-empty'"):
+        Question("Who?", ("",), "q-empty")
+    with pytest.raises(ValueError, match="'q-none'"):
+        Question("Who?", (), "q-none")
