@@ -247,10 +247,12 @@ def test_server_cli_serves_a_corpus(tmp_path: Path, corpus_path: Path):
     cmd = [sys.executable, "-m", "mempo.rollout.retrieval_server", "--corpus", str(corpus_path), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
+        # Retries cover the server's start-up (imports take ~1 s here, longer on a loaded machine).
         client = HTTPRetriever(
-            f"http://127.0.0.1:{port}/retrieve", timeout_s=2.0, max_retries=40, backoff_s=0.1, backoff_max_s=0.1
-        )  # retries cover the server's start-up (imports take ~1 s)
+            f"http://127.0.0.1:{port}/retrieve", timeout_s=2.0, max_retries=300, backoff_s=0.1, backoff_max_s=0.1
+        )
         assert client.retrieve(["Velorin Oskatu"], 1)[0][0].id == "velorin"
+        assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=10)
