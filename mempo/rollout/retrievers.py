@@ -232,7 +232,9 @@ class _BadResponse(ValueError):
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     # Only the configured URL is ever contacted: a 3xx surfaces as an HTTPError instead of being followed.
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> None:
         return None
 
 
