@@ -52,6 +52,9 @@ def format_turn(memory: str, think: str, action: str, argument: str, tags: Tags 
     if action not in tags.actions:
         raise ValueError(f"action must be one of {sorted(tags.actions)}, got {action!r}")
     return "\n".join(
-        [wrap(tags.mem, f" {memory.strip()} "), wrap(tags.think, f" {think.strip()} "),
-         wrap(tags.actions[action], f" {argument.strip()} ")]
+        [
+            wrap(tags.mem, f" {memory.strip()} "),
+            wrap(tags.think, f" {think.strip()} "),
+            wrap(tags.actions[action], f" {argument.strip()} "),
+        ]
     )

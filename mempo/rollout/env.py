@@ -1,0 +1,139 @@
+"""The search environment: a ``<search>`` query in, an ``<information>`` block of top-k passages out (mempo.md §1).
+
+Shapes: ``search(queries: [Q] str) -> [Q] str``, one retriever call for the whole batch.
+
+Each answer reads like Search-R1's, with the passages numbered and each body cut to a token budget::
+
+    <information>Doc 1 (Title: Velorin Oskatu) Velorin Oskatu is a ...
+    Doc 2 (Title: ...) ...</information>
+
+A query with no passages (blank, or no term in common with the corpus) gets ``no_results_text`` inside the same
+tag: a defined tool result the policy can learn from, never an exception. The agent loop decides the whitespace
+around the block; these tokens are environment-inserted and never carry loss (mempo.md §3).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+from mempo.rollout.format import wrap
+from mempo.rollout.retrievers import (
+    RETRIEVERS,
+    BM25Retriever,
+    HTTPRetriever,
+    Passage,
+    Retriever,
+    RetrieverError,
+    load_corpus,
+    make_retriever,
+)
+
+__all__ = [
+    "RETRIEVERS",
+    "BM25Retriever",
+    "HTTPRetriever",
+    "Passage",
+    "Retriever",
+    "RetrieverError",
+    "SearchEnv",
+    "TextTokenizer",
+    "load_corpus",
+    "make_retriever",
+    "truncate_tokens",
+    "truncate_words",
+]
+
+NO_RESULTS_TEXT = "No results found."
+
+_WORD = re.compile(r"\S+")
+_NEWLINES = re.compile(r"\s*\n\s*")
+
+
+class TextTokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the environment uses."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def truncate_words(text: str, max_words: int) -> str:
+    """The first ``max_words`` whitespace-separated words of ``text``, original spacing kept; text itself if shorter."""
+    for n, m in enumerate(_WORD.finditer(text), start=1):
+        if n == max_words:
+            return text[: m.end()]
+    return text
+
+
+def truncate_tokens(text: str, tokenizer: TextTokenizer, max_tokens: int) -> str:
+    """The decoded first ``max_tokens`` tokens of ``text`` (no special tokens); text itself if it fits."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    # A cut inside a multi-byte character decodes to U+FFFD; drop that fragment rather than show it.
+    return tokenizer.decode(ids[:max_tokens], skip_special_tokens=True).rstrip("\ufffd")
+
+
+class SearchEnv:
+    """Answers search queries with the top-k passages of a retriever.
+
+    topk: passages per query. max_passage_tokens: budget of each passage's body (title kept whole); counted in
+    ``tokenizer`` tokens when one is given, else in whitespace words. information_tag: the tag around each answer
+    (Tags.information of the turn format).
+    """
+
+    def __init__(
+        self,
+        retriever: Retriever,
+        tokenizer: TextTokenizer | None = None,
+        *,
+        topk: int = 3,
+        max_passage_tokens: int = 128,
+        information_tag: str = "information",
+        no_results_text: str = NO_RESULTS_TEXT,
+    ):
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"env.topk must be an int >= 1, got {topk!r}")
+        if isinstance(max_passage_tokens, bool) or not isinstance(max_passage_tokens, int) or max_passage_tokens < 1:
+            raise ValueError(f"env.max_passage_tokens must be an int >= 1, got {max_passage_tokens!r}")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", information_tag):
+            raise ValueError(f"env.information_tag: {information_tag!r} is not a valid tag name")
+        self.retriever = retriever
+        self.tokenizer = tokenizer
+        self.topk = topk
+        self.max_passage_tokens = max_passage_tokens
+        self.information_tag = information_tag
+        self.no_results_text = no_results_text
+
+    def search(self, queries: Sequence[str]) -> list[str]:
+        """queries: [Q] -> [Q] tool results, each ``<information>...</information>``."""
+        if isinstance(queries, str):
+            raise TypeError("search() takes a sequence of queries, got a single string")
+        queries = list(queries)
+        if not queries:
+            return []
+        results = self.retriever.retrieve(queries, self.topk)
+        if len(results) != len(queries):
+            raise RetrieverError(
+                f"{type(self.retriever).__name__} returned {len(results)} result lists for {len(queries)} queries"
+            )
+        return [wrap(self.information_tag, self.render(passages[: self.topk])) for passages in results]
+
+    def render(self, passages: Sequence[Passage]) -> str:
+        """[K] passages -> ``Doc 1 (Title: T) body`` lines, bodies truncated; the no-results text when K = 0."""
+        if not passages:
+            return self.no_results_text
+        lines = []
+        for i, p in enumerate(passages, start=1):
+            # One line per passage, so "Doc i" always starts a line.
+            body = _NEWLINES.sub(" ", self.truncate(p.text))
+            lines.append(f"Doc {i} (Title: {p.title}) {body}" if p.title else f"Doc {i} {body}")
+        return "\n".join(lines)
+
+    def truncate(self, text: str) -> str:
+        """``text`` cut to max_passage_tokens (tokenizer tokens, else whitespace words)."""
+        if self.tokenizer is None:
+            return truncate_words(text, self.max_passage_tokens)
+        return truncate_tokens(text, self.tokenizer, self.max_passage_tokens)
