@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from mempo.data.tasks import Task
-from mempo.rollout.format import Tags, parse_turn
+from mempo.rollout.format import ParsedTurn, Tags, parse_turn
 from mempo.rollout.masks import decode_with_offsets, mem_token_mask
 from mempo.rollout.prompts import PromptBuilder, TurnContext
 from mempo.rollout.rewards import objective_scores, trajectory_reward

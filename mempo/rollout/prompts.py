@@ -61,11 +61,16 @@ class PromptBuilder:
             parts.append(f"Your previous turn:\n{ctx.previous_turn}")
         if ctx.information is not None:
             parts.append(ctx.information)
-        return self._render([{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}])
+        return self._render(
+            [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
+        )
 
     def full_history_prompt(self, ctx: TurnContext) -> list[int]:
         """ReAct-style: every earlier turn and tool result stays in context."""
-        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": f"Question:\n{ctx.question}"}]
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": f"Question:\n{ctx.question}"},
+        ]
         for turn_text, info in ctx.history:
             messages += [{"role": "assistant", "content": turn_text}, {"role": "user", "content": info}]
         return self._render(messages)

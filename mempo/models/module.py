@@ -1,0 +1,309 @@
+"""``MemPOModule``: the policy, its frozen reference, and one MemPO step per ``training_step``.
+
+One step (mempo.md §3-4, Eq. 4, 5, 9, 10):
+    tasks -> collect G rollouts each through ``self.sampler`` (owned by ``SamplerCallback``)
+          -> trajectory rewards R^T (set by the agent loop)
+          -> memory rewards R^M: one batched no-grad forward over every (q, m, gold) triple and each task's
+             empty-memory baseline, under the current policy
+          -> token advantages from the registered estimator
+          -> old log-probs (the sampler's, exact for fp32 engines, or recomputed) and reference log-probs
+          -> ``ppo_epochs`` passes over length-sorted micro-batches, each weighted by the full batch's
+             aggregation weights, so accumulation reproduces the full-batch objective
+          -> gradient clipping, one optimizer step per pass, metrics.
+Departures from the paper's description: a non-finite loss or gradient skips the optimizer step (and stops the run
+after ``max_nonfinite`` in a row) instead of corrupting the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from mempo.data.tasks import Task
+from mempo.losses import (
+    AdvantageInputs,
+    AdvantageParams,
+    LossConfig,
+    compute_advantages,
+    loss_weights,
+    memory_rewards,
+    policy_objective,
+)
+from mempo.models.logprobs import token_logprobs
+from mempo.models.scoring import answer_probabilities, length_sorted_batches, sequence_logprobs
+from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect, rollout_metrics
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.sampler import Sampler
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Config group ``optim``."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    micro_batch_size: int = 8
+    old_logp: str = "sampler"  # sampler | recompute
+    max_nonfinite: int = 3
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Config group ``memory`` (Eq. 4, 5, 9) and ``advantage``."""
+
+    alpha: float = 1.0
+    baseline: str = "previous_memory"
+    normalize: str = "pooled"
+    estimator: str = "mempo"
+    scale: bool = True
+
+
+class MemPOModule(L.LightningModule):
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        tokenizer: Any,
+        env: Env,
+        *,
+        reference: PreTrainedModel | None,
+        builder: PromptBuilder,
+        agent: AgentConfig,
+        loss: LossConfig,
+        memory: MemoryConfig,
+        optim: OptimConfig,
+        group_size: int,
+        reward_kind: str = "all_em",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if loss.kl_coef > 0 and reference is None:
+            raise ValueError("loss.kl_coef > 0 needs a reference model")
+        self.policy = policy
+        self.reference = reference
+        if reference is not None:
+            reference.requires_grad_(False).eval()
+        self.tokenizer, self.env, self.builder = tokenizer, env, builder
+        self.agent, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, loss, memory, optim
+        self.group_size, self.reward_kind, self.seed = group_size, reward_kind, seed
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints leave the frozen reference out
+        self.sampler: Sampler | None = None  # set by SamplerCallback
+        self.batches_done = 0  # RL steps completed (drives data order and sampling seeds on resume)
+        self.nonfinite_in_a_row = 0
+        self.last_metrics: dict[str, float] = {}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def rollout(self, tasks: list[Task]) -> RolloutBatch:
+        if self.sampler is None:
+            raise RuntimeError("no sampler: MemPOModule must be trained with a SamplerCallback")
+        seed = None if self.agent.sampling.seed is None else self.agent.sampling.seed + 1_000_003 * self.batches_done
+        agent = AgentConfig(
+            context=self.agent.context,
+            max_turns=self.agent.max_turns,
+            keep_previous_turn=self.agent.keep_previous_turn,
+            max_context_tokens=self.agent.max_context_tokens,
+            include_tags=self.agent.include_tags,
+            sampling=type(self.agent.sampling)(**{**self.agent.sampling.__dict__, "seed": seed}),
+        )
+        return collect(
+            self.sampler, self.env, tasks, self.group_size, self.builder, agent, reward_kind=self.reward_kind
+        )
+
+    def memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5)."""
+        samples = batch.samples
+        tasks = {t.group_id: t.task for t in batch.trajectories}
+        valid = torch.tensor([bool(s.parsed.memory) for s in samples], dtype=torch.bool)
+        group_order = sorted(tasks)
+        prompts = [self.builder.scoring_prompt(tasks[g].question, "") for g in group_order]
+        answers = [self.builder.answer_ids(tasks[g].gold) for g in group_order]
+        mem_idx = [i for i, s in enumerate(samples) if valid[i]]
+        for i in mem_idx:
+            s = samples[i]
+            prompts.append(self.builder.scoring_prompt(tasks[s.group_id].question, s.parsed.memory))
+            answers.append(self.builder.answer_ids(tasks[s.group_id].gold))
+        p = answer_probabilities(
+            self.policy, prompts, answers, pad_id=self.pad_id, micro_batch_size=self.optim_cfg.micro_batch_size
+        )
+        p_empty_by_group = dict(zip(group_order, p[: len(group_order)].tolist()))
+        p_mem = torch.zeros(len(samples))
+        p_mem[mem_idx] = p[len(group_order) :]
+        p_empty = torch.tensor([p_empty_by_group[s.group_id] for s in samples])
+        traj = torch.tensor([s.traj_id for s in samples], dtype=torch.long)
+        turn = torch.tensor([s.turn_id for s in samples], dtype=torch.long)
+        rewards = torch.zeros(len(samples))
+        if mem_idx:
+            # The baseline chain runs over the memories a rollout actually wrote (a malformed turn has none).
+            rewards[mem_idx] = memory_rewards(
+                p_mem[mem_idx], p_empty[mem_idx], traj[mem_idx], turn[mem_idx], baseline=self.memory_cfg.baseline
+            )
+        return rewards, valid, p_mem
+
+    # ---------------------------------------------------------------------------------------------- training
+    def training_step(self, batch: list[Task], batch_idx: int) -> None:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.policy.eval()
+        rollouts = self.rollout(batch)
+        timings["generate"] = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
+        x = rollouts.to_tensors(self.pad_id)
+        adv = compute_advantages(
+            self.memory_cfg.estimator,
+            AdvantageInputs(
+                rewards=x["rewards"],
+                group_ids=x["traj_group_ids"],
+                traj_ids=x["traj_ids"],
+                turn_ids=x["turn_ids"],
+                mem_rewards=mem_r,
+                mem_valid=mem_valid,
+                response_mask=x["response_mask"],
+                mem_mask=x["mem_mask"],
+            ),
+            AdvantageParams(
+                alpha=self.memory_cfg.alpha, scale=self.memory_cfg.scale, normalize=self.memory_cfg.normalize
+            ),
+        )
+        timings["score"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        old_logp = x["sampler_logp"]
+        if self.optim_cfg.old_logp == "recompute":
+            old_logp = sequence_logprobs(
+                self.policy, x["input_ids"], x["attention_mask"], micro_batch_size=self.optim_cfg.micro_batch_size
+            )
+        ref_logp = None
+        if self.loss_cfg.kl_coef > 0:
+            ref_logp = sequence_logprobs(
+                self.reference, x["input_ids"], x["attention_mask"], micro_batch_size=self.optim_cfg.micro_batch_size
+            )
+        timings["logp"] = time.perf_counter() - t2
+
+        t3 = time.perf_counter()
+        update = self._update(x, adv, old_logp, ref_logp)
+        timings["update"] = time.perf_counter() - t3
+
+        self.batches_done += 1
+        gen_tokens = sum(s.generated_tokens for s in rollouts.samples)
+        metrics = {
+            **rollout_metrics(rollouts),
+            **update,
+            "memory/p_ans_mean": float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0,
+            "memory/reward_mean": float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0,
+            "memory/adv_std": float(_mem_adv_std(adv, x["mem_mask"], x["response_mask"])),
+            "perf/gen_tok_per_s": gen_tokens / max(timings["generate"], 1e-9),
+            **{f"perf/{k}_s": v for k, v in timings.items()},
+        }
+        self.last_metrics = metrics
+        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
+        self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=len(batch))
+
+    def _update(
+        self, x: dict[str, torch.Tensor], adv: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None
+    ) -> dict[str, float]:
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        self.policy.train()
+        weights = loss_weights(x["response_mask"], self.loss_cfg.agg, traj_ids=x["traj_ids"])  # [N, T]
+        lengths = x["attention_mask"].sum(-1).tolist()
+        sums: dict[str, float] = {}
+        grad_norm = torch.tensor(0.0)
+        for _ in range(self.optim_cfg.ppo_epochs):
+            loss_total = 0.0
+            for idx in length_sorted_batches(lengths, self.optim_cfg.micro_batch_size):
+                t_len = int(max(lengths[i] for i in idx))
+                sl = (idx, slice(0, t_len))
+
+                def mb(t: torch.Tensor, sl: tuple = sl) -> torch.Tensor:
+                    return t[sl].to(self.device)
+
+                logp = token_logprobs(self.policy, mb(x["input_ids"]), mb(x["attention_mask"]))
+                loss, m = policy_objective(
+                    logp,
+                    mb(old_logp),
+                    mb(adv),
+                    mb(x["response_mask"]),
+                    self.loss_cfg,
+                    ref_logp=None if ref_logp is None else mb(ref_logp),
+                    weights=mb(weights),
+                    sampler_logp=mb(x["sampler_logp"]),
+                )
+                self.manual_backward(loss)
+                loss_total += float(loss.detach())
+                share = float(mb(x["response_mask"]).sum()) / max(float(x["response_mask"].sum()), 1.0)
+                for k in ("clip_frac", "ratio_mean"):
+                    sums[k] = sums.get(k, 0.0) + float(m[k]) * share
+                sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip)
+            if not (math.isfinite(loss_total) and torch.isfinite(grad_norm)):
+                self.nonfinite_in_a_row += 1
+                opt.zero_grad(set_to_none=True)
+                self.log("train/skipped_step", 1.0, on_step=True)
+                if self.nonfinite_in_a_row >= self.optim_cfg.max_nonfinite:
+                    raise FloatingPointError(
+                        f"non-finite loss or gradient in {self.nonfinite_in_a_row} steps in a row (step "
+                        f"{self.batches_done}): stopping; lower optim.lr or check the data"
+                    )
+                continue
+            self.nonfinite_in_a_row = 0
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if sched is not None:
+                sched.step()
+        self.policy.eval()
+        epochs = self.optim_cfg.ppo_epochs
+        return {
+            "train/loss": loss_total,
+            "train/clip_frac": sums.get("clip_frac", 0.0) / epochs,
+            "train/ratio_mean": sums.get("ratio_mean", 0.0) / epochs,
+            "train/kl": sums.get("kl", 0.0) / epochs,
+            "train/grad_norm": float(grad_norm),
+            "train/lr": float(opt.param_groups[0]["lr"]),
+        }
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.optim_cfg.lr, weight_decay=self.optim_cfg.weight_decay)
+        warmup = self.optim_cfg.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("reference.")}
+        checkpoint["mempo"] = {
+            "batches_done": self.batches_done,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            },
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("mempo", {})
+        self.batches_done = int(state.get("batches_done", 0))
+        rng = state.get("rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+
+
+def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    sel = adv[mem_mask & response_mask]
+    return sel.std() if sel.numel() > 1 else torch.tensor(0.0)

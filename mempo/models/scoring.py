@@ -1,0 +1,75 @@
+"""Batched no-grad forwards over token sequences: answer scoring for the memory reward (Eq. 4) and the
+reference / old log-probs of turn samples. Sequences are sorted by length and cut into micro-batches, so padding
+stays small and no forward sees more than ``micro_batch_size`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mempo.losses import answer_probability
+from mempo.models.logprobs import token_logprobs
+
+
+def length_sorted_batches(lengths: Sequence[int], micro_batch_size: int) -> list[list[int]]:
+    """Indices grouped into micro-batches of similar length (longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+
+
+def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad -> input_ids, attention_mask [B, T]."""
+    t_len = max(len(r) for r in rows)
+    ids = torch.full((len(rows), t_len), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), t_len, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+@torch.no_grad()
+def answer_probabilities(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    micro_batch_size: int = 16,
+) -> Tensor:
+    """[M] P(answer | prompt) = exp(mean token log-prob of the teacher-forced answer) (Eq. 4), float32."""
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    out = torch.zeros(len(prompts), dtype=torch.float32)
+    if not prompts:
+        return out
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
+    for idx in length_sorted_batches(lengths, micro_batch_size):
+        ids, mask = _pad([list(prompts[i]) + list(answers[i]) for i in idx], pad_id)
+        ans_mask = torch.zeros_like(mask)
+        for row, i in enumerate(idx):
+            ans_mask[row, len(prompts[i]) : lengths[i]] = True
+        logp = token_logprobs(model, ids.to(device), mask.to(device))  # [B, T]
+        out[idx] = answer_probability(logp.float().cpu(), ans_mask).float()
+    return out
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, *, micro_batch_size: int = 16
+) -> Tensor:
+    """[N, T] -> [N, T] token log-probs under ``model``, in length-sorted micro-batches trimmed to their longest
+    row (right padding)."""
+    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    device = next(model.parameters()).device
+    lengths = attention_mask.sum(-1).tolist()
+    for idx in length_sorted_batches(lengths, micro_batch_size):
+        t_len = int(max(lengths[i] for i in idx))
+        ids = input_ids[idx, :t_len].to(device)
+        mask = attention_mask[idx, :t_len].to(device)
+        out[idx, :t_len] = token_logprobs(model, ids, mask).float().cpu()
+    return out
