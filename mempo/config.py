@@ -150,6 +150,27 @@ class LoggerSchema:
 
 
 @dataclass
+class SFTSchema:
+    trajectories: str | None = None  # JSONL of teacher trajectories; null = the synthetic oracle's
+    num_tasks: int = 256
+    objectives: int | None = None  # null = data.objectives
+    batch_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 4
+    epochs: int = 1
+    max_steps: int = -1
+
+
+@dataclass
+class EvalSchema:
+    num_tasks: int = 16
+    objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
+    agents: list[str] = field(default_factory=lambda: ["memory", "full_history"])
+    greedy: bool = True
+
+
+@dataclass
 class CkptSchema:
     every_n_steps: int = 2
 
@@ -175,6 +196,8 @@ class RootSchema:
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     logger: LoggerSchema = field(default_factory=LoggerSchema)
     ckpt: CkptSchema = field(default_factory=CkptSchema)
+    sft: SFTSchema = field(default_factory=SFTSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
 
 
 STAGES = ("rl", "sft", "demo", "rollout")
@@ -215,6 +238,10 @@ def check_values(cfg: DictConfig) -> None:
         ("optim.micro_batch_size", cfg.optim.micro_batch_size >= 1, "must be >= 1"),
         ("env.topk", cfg.env.topk >= 1, "must be >= 1"),
         ("ckpt.every_n_steps", cfg.ckpt.every_n_steps >= 1, "must be >= 1"),
+        ("sft.batch_size", cfg.sft.batch_size >= 1, "must be >= 1"),
+        ("sft.lr", cfg.sft.lr > 0.0, "must be > 0"),
+        ("sft.num_tasks", cfg.sft.num_tasks >= 1, "must be >= 1"),
+        ("eval.num_tasks", cfg.eval.num_tasks >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
         if not ok:

@@ -1,23 +1,242 @@
-"""Stage dispatch for ``experiments/run.py``: each stage is one function of the validated config."""
+"""Stages of ``experiments/run.py``: each is one function of the validated config.
+
+rl    MemPO (or GRPO, by config) from ``model.name_or_path``
+sft   supervised warm start on teacher trajectories
+demo  the embedded default end to end: warm start (skipped when its checkpoint exists), RL, evaluation
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-STAGES: dict[str, Callable[[DictConfig], None]] = {}
+STAGES: dict[str, Callable[[DictConfig], Any]] = {}
 
 
-def stage(name: str) -> Callable[[Callable[[DictConfig], None]], Callable[[DictConfig], None]]:
-    def deco(fn: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictConfig], Any]]:
+    def deco(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
         STAGES[name] = fn
         return fn
 
     return deco
 
 
-def run_stage(cfg: DictConfig) -> None:
+def run_stage(cfg: DictConfig) -> Any:
     if cfg.stage not in STAGES:
-        raise SystemExit(f"stage {cfg.stage!r} is not implemented yet; implemented: {sorted(STAGES)}")
-    STAGES[cfg.stage](cfg)
+        raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
+    return STAGES[cfg.stage](cfg)
+
+
+def with_overrides(cfg: DictConfig, overrides: dict[str, Any]) -> DictConfig:
+    """A validated copy of ``cfg`` with dotted-key overrides."""
+    from mempo.config import validate_config
+
+    merged = OmegaConf.merge(
+        OmegaConf.to_container(cfg), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
+    return validate_config(merged)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _seed(cfg: DictConfig) -> None:
+    import lightning as L
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+
+def _logger(cfg: DictConfig, out: Path) -> Any:
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    if cfg.logger.kind == "csv":
+        return CSVLogger(save_dir=str(out), name="lightning_logs")
+    mode = cfg.logger.mode
+    if mode is None:  # W&B raises without a key unless a mode is set: default to offline (sync later)
+        mode = "online" if os.environ.get("WANDB_API_KEY") else os.environ.get("WANDB_MODE", "offline")
+    return WandbLogger(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        save_dir=str(out),
+        mode=mode,
+        tags=list(cfg.logger.tags),
+        name=cfg.name,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+
+
+def _trainer(cfg: DictConfig, out: Path, callbacks: list, *, max_steps: int, max_epochs: int | None = None) -> Any:
+    import lightning as L
+
+    t = cfg.trainer
+    return L.Trainer(
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=t.precision,
+        max_steps=max_steps,
+        max_epochs=max_epochs if max_epochs is not None else -1,
+        logger=_logger(cfg, out),
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        default_root_dir=str(out),
+        log_every_n_steps=t.log_every_n_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+
+
+def _export(policy: Any, tokenizer: Any, folder: Path) -> Path:
+    """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load)."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    policy.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+@stage("rl")
+def train_rl(cfg: DictConfig) -> dict[str, Any]:
+    from mempo.builders import (
+        build_agent_config,
+        build_builder,
+        build_env,
+        build_loss,
+        build_sampler,
+        build_tasks,
+        run_path,
+    )
+    from mempo.data.datamodule import TaskDataModule
+    from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint
+    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.models.module import MemoryConfig, MemPOModule, OptimConfig
+
+    start = time.perf_counter()
+    _seed(cfg)
+    out = run_path(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    m = cfg.model
+    model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
+    policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    if m.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if cfg.loss.kl_coef > 0:
+        reference, _ = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    module = MemPOModule(
+        policy,
+        tokenizer,
+        build_env(cfg, tokenizer),
+        reference=reference,
+        builder=build_builder(cfg, tokenizer),
+        agent=build_agent_config(cfg),
+        loss=build_loss(cfg),
+        memory=MemoryConfig(
+            alpha=cfg.memory.alpha,
+            baseline=cfg.memory.baseline,
+            normalize=cfg.memory.normalize,
+            estimator=cfg.advantage.estimator,
+            scale=cfg.advantage.scale,
+        ),
+        optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
+        group_size=cfg.data.group_size,
+        reward_kind=cfg.reward.kind,
+        seed=cfg.seed,
+    )
+    data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
+    ckpt = StepCheckpoint(out / "checkpoints", cfg.ckpt.every_n_steps)
+    callbacks = [
+        SamplerCallback(
+            lambda mod: build_sampler(cfg, model_path, mod.policy, tokenizer), sync_every=cfg.sampler.sync_every
+        ),
+        MetricsFile(out / "metrics.csv"),
+        ckpt,
+    ]
+    # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
+    trainer = _trainer(cfg, out, callbacks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
+    ckpt_path = None
+    if cfg.resume:
+        if ckpt.last_path.exists():
+            ckpt_path = str(ckpt.last_path)
+            print(f"[mempo] resuming from {ckpt_path}")
+        else:
+            print(f"[mempo] resume=true but {ckpt.last_path} does not exist: starting from the beginning")
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    hf = _export(policy, tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
+    summary = {
+        "stage": "rl",
+        "name": cfg.name,
+        "steps": module.batches_done,
+        "wall_s": time.perf_counter() - start,
+        "hf_folder": str(hf),
+        "checkpoint": str(ckpt.last_path),
+        "last_metrics": module.last_metrics,
+    }
+    if trainer.is_global_zero:
+        _write_json(out / "summary.json", summary)
+    return summary
+
+
+@stage("sft")
+def train_sft(cfg: DictConfig) -> dict[str, Any]:
+    from mempo.builders import build_builder, build_env, build_tags, run_path, synthetic_world
+    from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
+    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.models.sft import SFTModule, build_sft_examples, sft_dataloader
+
+    start = time.perf_counter()
+    _seed(cfg)
+    out = run_path(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    m, s = cfg.model, cfg.sft
+    policy, tokenizer = load_policy(
+        resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code
+    )
+    if s.trajectories:
+        trajectories = load_trajectories_jsonl(s.trajectories)
+    else:
+        trajectories = oracle_dataset(
+            synthetic_world(cfg),
+            "train",
+            s.objectives or cfg.data.objectives,
+            num_tasks=s.num_tasks,
+            seed=cfg.seed,
+            tags=build_tags(cfg),
+        )
+    examples = build_sft_examples(
+        trajectories, build_builder(cfg, tokenizer), build_env(cfg, tokenizer), context=cfg.agent.context
+    )
+    loader = sft_dataloader(examples, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
+    module = SFTModule(policy, lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps)
+    trainer = _trainer(cfg, out, [], max_steps=s.max_steps, max_epochs=s.epochs)
+    trainer.fit(module, train_dataloaders=loader)
+    hf = _export(policy, tokenizer, out / "hf")
+    summary = {
+        "stage": "sft",
+        "examples": len(examples),
+        "trajectories": len(trajectories),
+        "steps": trainer.global_step,
+        "final_loss": float(trainer.callback_metrics.get("sft/loss", float("nan"))),
+        "wall_s": time.perf_counter() - start,
+        "hf_folder": str(hf),
+    }
+    _write_json(out / "summary.json", summary)
+    return summary

@@ -157,6 +157,7 @@ class MemPOModule(L.LightningModule):
         t0 = time.perf_counter()
         self.policy.eval()
         rollouts = self.rollout(batch)
+        self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
         timings["generate"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()

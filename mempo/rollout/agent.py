@@ -151,6 +151,17 @@ def _clip_to_stop(text: str, stops: Sequence[str], last_token_start: int) -> str
     return text
 
 
+def next_context(ctx: TurnContext, turn_text: str, parsed: ParsedTurn, information: str) -> TurnContext:
+    """The context of the next turn after a search turn (both context modes keep what they need)."""
+    return TurnContext(
+        question=ctx.question,
+        memory=parsed.memory,
+        information=information,
+        previous_turn=turn_text,
+        history=ctx.history + ((turn_text, information),),
+    )
+
+
 def collect(
     sampler: Sampler,
     env: Env,
@@ -228,14 +239,7 @@ def collect(
         if searches:
             infos = env.search([q for _, _, q in searches])
             for (t, text, _), info in zip(searches, infos):
-                prev = ctxs[t.traj_id]
-                ctxs[t.traj_id] = TurnContext(
-                    question=prev.question,
-                    memory=t.turns[-1].parsed.memory,
-                    information=info,
-                    previous_turn=text,
-                    history=prev.history + ((text, info),),
-                )
+                ctxs[t.traj_id] = next_context(ctxs[t.traj_id], text, t.turns[-1].parsed, info)
     for t in trajs:
         if t.finish == "running":
             t.finish = "max_turns"

@@ -1,0 +1,142 @@
+"""Build the run's objects from a validated config (the only place that reads config groups).
+
+Each builder turns one group into the typed objects the code takes, so the algorithm never sees a config object.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mempo.data.compose import compose_tasks
+from mempo.data.qa_files import load_qa_file
+from mempo.data.synthetic import SyntheticWorld
+from mempo.data.tasks import Task
+from mempo.losses import LossConfig
+from mempo.rollout.agent import AgentConfig
+from mempo.rollout.env import SearchEnv
+from mempo.rollout.format import Tags
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.retrievers import BM25Retriever, HTTPRetriever
+from mempo.rollout.sampler import Sampler, SamplingConfig
+
+
+def run_path(cfg: DictConfig, *parts: str) -> Path:
+    """A path inside ``run_dir`` (every output of a run stays there)."""
+    root = Path(cfg.run_dir).resolve()
+    path = (root / Path(*parts)).resolve() if parts else root
+    if root != path and root not in path.parents:
+        raise ValueError(f"output path {path} escapes run_dir {root}")
+    return path
+
+
+def cache_dir(cfg: DictConfig) -> str | None:
+    return cfg.model.cache_dir
+
+
+def build_tags(cfg: DictConfig) -> Tags:
+    return Tags(**OmegaConf.to_container(cfg.tags))
+
+
+def synthetic_world(cfg: DictConfig) -> SyntheticWorld:
+    return SyntheticWorld.generate(cfg.data.world_seed)
+
+
+def corpus_path(cfg: DictConfig) -> Path:
+    """The BM25 corpus: ``env.corpus`` or the synthetic world's, written once into the cache."""
+    if cfg.env.corpus:
+        path = Path(cfg.env.corpus)
+        if not path.is_file():
+            raise FileNotFoundError(f"env.corpus: {path} does not exist")
+        return path
+    from mempo.models.loading import cache_root
+
+    path = cache_root(cache_dir(cfg)) / "corpora" / f"synthetic-world-{cfg.data.world_seed}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        synthetic_world(cfg).write_corpus(tmp)
+        tmp.replace(path)
+    return path
+
+
+def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
+    e = cfg.env
+    if e.retriever == "bm25":
+        from mempo.models.loading import cache_root
+
+        retriever = BM25Retriever.from_corpus(corpus_path(cfg), cache_dir=cache_root(cache_dir(cfg)) / "bm25")
+    else:
+        retriever = HTTPRetriever(e.url, timeout_s=e.timeout_s, max_retries=e.max_retries, backoff_s=e.backoff_s)
+    return SearchEnv(
+        retriever,
+        tokenizer,
+        topk=e.topk,
+        max_passage_tokens=e.max_passage_tokens,
+        information_tag=cfg.tags.information,
+    )
+
+
+def build_tasks(
+    cfg: DictConfig, split: str, *, num_tasks: int | None = None, objectives: int | None = None
+) -> list[Task]:
+    """Tasks of ``split`` ("train", "val", "test") with ``data.objectives`` (or ``objectives``) questions each."""
+    n_obj = objectives or cfg.data.objectives
+    if cfg.data.source == "synthetic":
+        questions = [q.question for q in synthetic_world(cfg).questions(split, seed=cfg.seed)]
+    else:
+        files = cfg.data.train_files if split == "train" else cfg.data.val_files
+        if not files:
+            raise ValueError(f"data.{'train' if split == 'train' else 'val'}_files is empty")
+        questions = [q for f in files for q in load_qa_file(f)]
+    return compose_tasks(questions, n_obj, num_tasks=num_tasks, seed=cfg.seed, prefix=f"{split}-n{n_obj}")
+
+
+def build_agent_config(cfg: DictConfig, *, greedy: bool = False) -> AgentConfig:
+    s = cfg.sampler
+    return AgentConfig(
+        context=cfg.agent.context,
+        max_turns=cfg.agent.max_turns,
+        keep_previous_turn=cfg.agent.keep_previous_turn,
+        max_context_tokens=cfg.agent.max_context_tokens,
+        include_tags=cfg.memory.include_tags,
+        sampling=SamplingConfig(
+            max_new_tokens=s.max_new_tokens,
+            temperature=0.0 if greedy else s.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            seed=cfg.seed,
+        ),
+    )
+
+
+def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:
+    return PromptBuilder(tokenizer, build_tags(cfg), keep_previous_turn=cfg.agent.keep_previous_turn)
+
+
+def build_loss(cfg: DictConfig) -> LossConfig:
+    return LossConfig(**OmegaConf.to_container(cfg.loss))
+
+
+def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None) -> Sampler:
+    """``sampler.backend``: vllm (an engine over the policy's folder) or hf (generate with the policy itself)."""
+    s = cfg.sampler
+    if s.backend == "hf":
+        from mempo.rollout.hf_sampler import HFSampler
+
+        return HFSampler(policy, tokenizer)
+    from mempo.rollout.vllm_sampler import VLLMSampler
+
+    return VLLMSampler(
+        str(model_path),
+        dtype=s.dtype,
+        enforce_eager=s.enforce_eager,
+        tensor_parallel_size=s.tensor_parallel_size,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        max_model_len=s.max_model_len,
+        enable_sleep_mode=s.enable_sleep_mode,
+        kv_cache_space_gb=s.kv_cache_space_gb,
+        seed=cfg.seed,
+    )

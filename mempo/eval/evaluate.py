@@ -1,0 +1,47 @@
+"""Agent evaluation: EM, F1, format failures, turns, TT and PT (mempo.md §2) over a fixed task set."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from mempo.data.tasks import Task
+from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.sampler import Sampler
+
+
+def summarize(batch: RolloutBatch, prefix: str = "val") -> dict[str, float]:
+    """{prefix}/em, f1 (mean over tasks of the mean over objectives), format_fail, turns, tt, pt, reward."""
+    trajs = batch.trajectories
+    n = max(len(trajs), 1)
+
+    def mean_obj(t, k):
+        return sum(s[k] for s in t.scores) / max(len(t.scores), 1)
+
+    return {
+        f"{prefix}/em": sum(mean_obj(t, 0) for t in trajs) / n,
+        f"{prefix}/f1": sum(mean_obj(t, 1) for t in trajs) / n,
+        f"{prefix}/reward": sum(t.reward for t in trajs) / n,
+        f"{prefix}/format_fail": sum(not t.format_ok for t in trajs) / n,
+        f"{prefix}/turns": sum(len(t.turns) for t in trajs) / n,
+        f"{prefix}/tt": sum(t.total_tokens for t in trajs) / n,
+        f"{prefix}/pt": sum(t.peak_tokens for t in trajs) / n,
+    }
+
+
+def evaluate_agent(
+    sampler: Sampler,
+    env: Env,
+    tasks: Sequence[Task],
+    builder: PromptBuilder,
+    agent: AgentConfig,
+    *,
+    reward_kind: str = "all_em",
+    greedy: bool = True,
+) -> tuple[dict[str, float], RolloutBatch]:
+    """One rollout per task (greedy by default) -> (metrics, the rollouts)."""
+    if greedy:
+        agent = replace(agent, sampling=replace(agent.sampling, temperature=0.0, top_p=1.0))
+    batch = collect(sampler, env, tasks, 1, builder, agent, tags=builder.tags, reward_kind=reward_kind)
+    return summarize(batch), batch

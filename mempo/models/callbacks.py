@@ -1,0 +1,144 @@
+"""``SamplerCallback``: owns the generation engine's life. The algorithm stays in ``MemPOModule``.
+
+fit start: create the engine (and push the policy's weights if they differ from the folder it loaded, i.e. on
+resume); after every ``sync_every``-th optimizer step: push the policy's weights (the engine then samples from the
+updated policy); fit end or an exception: free. With sleep mode (GPU), the module sleeps the engine after its
+rollout, so the update has the accelerator's memory, and this callback wakes it before the push.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from mempo.rollout.sampler import Sampler
+
+
+class SamplerCallback(L.Callback):
+    def __init__(self, make_sampler: Callable[[L.LightningModule], Sampler], *, sync_every: int = 1) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sampler.sync_every must be >= 1, got {sync_every}")
+        self.make_sampler = make_sampler
+        self.sync_every = sync_every
+        self.sampler: Sampler | None = None
+        self.last_push_s = 0.0
+
+    def _push(self, pl_module: L.LightningModule) -> None:
+        t0 = time.perf_counter()
+        state = {k: v.detach() for k, v in pl_module.policy.state_dict().items()}
+        self.sampler.push_weights(state)
+        self.last_push_s = time.perf_counter() - t0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.sampler = self.make_sampler(pl_module)
+        pl_module.sampler = self.sampler
+        if getattr(pl_module, "batches_done", 0) > 0:  # resumed: the engine loaded the starting weights
+            self._push(pl_module)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # The module put the engine to sleep after its rollout (a no-op without sleep mode); weights are pushed
+        # into an awake engine, which then stays awake for the next rollout.
+        self.sampler.wake()
+        done = getattr(pl_module, "batches_done", batch_idx + 1)
+        if done % self.sync_every == 0:
+            self._push(pl_module)
+            pl_module.log("perf/push_s", self.last_push_s, on_step=True, batch_size=1)
+            pl_module.last_metrics["perf/push_s"] = self.last_push_s
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.teardown_sampler(pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.teardown_sampler(pl_module)
+
+    def teardown_sampler(self, pl_module: L.LightningModule) -> None:
+        if self.sampler is not None:
+            self.sampler.shutdown()
+            self.sampler = None
+            pl_module.sampler = None
+
+
+class StepCheckpoint(L.Callback):
+    """Saves a full Lightning checkpoint (weights, optimizer, loops, module state) to ``dirpath/last.ckpt`` every
+    ``every_n_steps`` RL steps and at the end of training. Writes go to a temporary file first and are renamed,
+    so a crash mid-save leaves the previous checkpoint intact."""
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"ckpt.every_n_steps must be >= 1, got {every_n_steps}")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.saved_at = -1
+
+    @property
+    def last_path(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def save(self, trainer: L.Trainer, step: int) -> None:
+        if step == self.saved_at:
+            return
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        tmp = self.dirpath / f".last.ckpt.tmp{os.getpid()}"
+        trainer.save_checkpoint(tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, self.last_path)
+        self.saved_at = step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        if step % self.every_n_steps == 0:
+            self.save(trainer, step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
+
+
+class MetricsFile(L.Callback):
+    """Appends one row per RL step (``pl_module.last_metrics`` plus ``step``) to ``metrics.csv``. On resume, rows
+    of steps after the checkpoint (written before a crash) are dropped, so no step appears twice or goes missing.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or not self.path.exists():
+            return
+        done = int(getattr(pl_module, "batches_done", 0))
+        with self.path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        kept = [r for r in rows if int(r["step"]) <= done]
+        if len(kept) != len(rows):
+            self._write(kept, rewrite=True)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.is_global_zero:
+            row = {"step": int(getattr(pl_module, "batches_done", trainer.global_step)), **pl_module.last_metrics}
+            self._write([row])
+
+    def _write(self, rows: list[dict[str, Any]], *, rewrite: bool = False) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existing: list[dict[str, Any]] = []
+        if self.path.exists() and not rewrite:
+            with self.path.open(newline="") as f:
+                existing = list(csv.DictReader(f))
+        all_rows = existing + rows
+        fields = list(dict.fromkeys(k for r in all_rows for k in r))  # columns may grow (e.g. perf/push_s)
+        tmp = self.path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(all_rows)
+        os.replace(tmp, self.path)

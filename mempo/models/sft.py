@@ -1,0 +1,136 @@
+"""Supervised warm start (mempo.md §5.1): teacher trajectories replayed through the same prompt builder and
+environment as RL, one example per turn, loss on the teacher's turn tokens only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from mempo.data.tasks import Task
+from mempo.models.logprobs import token_logprobs
+from mempo.rollout.agent import Env, next_context
+from mempo.rollout.format import Tags, parse_turn
+from mempo.rollout.prompts import PromptBuilder, TurnContext
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt_ids: list[int]
+    target_ids: list[int]
+
+
+def build_sft_examples(
+    trajectories: Sequence[tuple[Task, Sequence[str]]],
+    builder: PromptBuilder,
+    env: Env,
+    *,
+    context: str = "memory",
+    tags: Tags = Tags(),
+) -> list[SFTExample]:
+    """Replay each teacher trajectory turn by turn: the prompt of turn t is what the agent loop would build from
+    the teacher's turns before it and the environment's real answers to its searches.
+
+    A teacher turn that does not parse is an error naming the task and turn (teacher data must be well formed).
+    """
+    examples: list[SFTExample] = []
+    pending: list[tuple[int, TurnContext]] = [(0, TurnContext(question=task.question)) for task, _ in trajectories]
+    # Advance all trajectories one turn at a time so every turn's searches go to the retriever in one call.
+    while pending:
+        searches: list[tuple[int, str, Any]] = []
+        for traj_i, ctx in pending:
+            task, turns = trajectories[traj_i]
+            turn_i = sum(1 for _ in ctx.history)  # turns already replayed
+            text = turns[turn_i]
+            parsed = parse_turn(text, tags)
+            if not parsed.ok:
+                raise ValueError(f"teacher trajectory {task.task_id!r} turn {turn_i + 1}: {parsed.error}")
+            ids = builder.tokenizer(text, add_special_tokens=False)["input_ids"]
+            examples.append(SFTExample(builder.prompt(ctx, context), list(ids)))
+            if parsed.action == "search":
+                if turn_i + 1 >= len(turns):
+                    raise ValueError(f"teacher trajectory {task.task_id!r} ends with a search (turn {turn_i + 1})")
+                searches.append((traj_i, text, parsed))
+        infos = env.search([p.argument for _, _, p in searches]) if searches else []
+        ctxs = dict(pending)
+        pending = [(i, next_context(ctxs[i], text, p, info)) for (i, text, p), info in zip(searches, infos)]
+    return examples
+
+
+class SFTDataset(Dataset):
+    def __init__(self, examples: Sequence[SFTExample]) -> None:
+        if not examples:
+            raise ValueError("SFT dataset is empty")
+        self.examples = list(examples)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> SFTExample:
+        return self.examples[i]
+
+
+def collate_sft(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """-> input_ids, attention_mask, target_mask [B, T] (right padding; target = the teacher's turn tokens)."""
+    t_len = max(len(e.prompt_ids) + len(e.target_ids) for e in batch)
+    ids = torch.full((len(batch), t_len), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(batch), t_len, dtype=torch.bool)
+    target = torch.zeros(len(batch), t_len, dtype=torch.bool)
+    for i, e in enumerate(batch):
+        p, n = len(e.prompt_ids), len(e.target_ids)
+        ids[i, : p + n] = torch.tensor(e.prompt_ids + e.target_ids)
+        attn[i, : p + n] = True
+        target[i, p : p + n] = True
+    return {"input_ids": ids, "attention_mask": attn, "target_mask": target}
+
+
+class _Collate:
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[SFTExample]) -> dict[str, torch.Tensor]:
+        return collate_sft(batch, self.pad_id)
+
+
+def sft_dataloader(examples: Sequence[SFTExample], *, batch_size: int, pad_id: int, seed: int = 0) -> DataLoader:
+    """Length-bucketed batches (sorted within shuffled chunks) keep padding small."""
+    order = list(range(len(examples)))
+    gen = torch.Generator().manual_seed(seed)
+    order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
+    chunk = batch_size * 8
+    bucketed: list[int] = []
+    for s in range(0, len(order), chunk):
+        part = order[s : s + chunk]
+        bucketed += sorted(part, key=lambda i: len(examples[i].prompt_ids) + len(examples[i].target_ids))
+    batches = [bucketed[i : i + batch_size] for i in range(0, len(bucketed), batch_size)]
+    perm = torch.randperm(len(batches), generator=gen).tolist()
+    ds = SFTDataset(examples)
+    return DataLoader(ds, batch_sampler=[batches[i] for i in perm], collate_fn=_Collate(pad_id))
+
+
+class SFTModule(L.LightningModule):
+    """Token-mean negative log-likelihood of the teacher's turn tokens (prompts carry no loss)."""
+
+    def __init__(self, policy: torch.nn.Module, *, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0):
+        super().__init__()
+        self.policy = policy
+        self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logp = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])  # [B, T]
+        mask = batch["target_mask"].to(logp.dtype)
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        self.log("sft/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        self.log("sft/tokens", mask.sum(), batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.policy.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        w = self.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
