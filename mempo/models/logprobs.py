@@ -1,0 +1,126 @@
+"""Per-token log-probs of given token ids, without the full [N, T, V] float32 log-softmax.
+
+The decoder runs once over the batch; the output head and the float32 log-softmax then run over chunks of
+``chunk_size`` valid positions at a time. Under autograd each chunk is checkpointed (recomputed in backward),
+so neither forward nor backward ever holds more than one chunk's [chunk_size, V] logits: a batch of
+16 x 2048 tokens over SmolLM2's 49k vocabulary would otherwise need 6.4 GB per copy.
+
+Supports models whose logits are ``get_output_embeddings()(last hidden state)``; models that rescale or cap
+logits after the head (Gemma-2 soft-capping, Cohere logit_scale) are refused rather than silently mis-scored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+# Config attributes of models whose logits are not plain lm_head(hidden).
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+def token_logprobs(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+) -> Tensor:
+    """input_ids, attention_mask [N, T] -> logp [N, T] float32 (float64 for a float64 model).
+
+    logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) under ``softmax(logits / temperature)``. Positions
+    with nothing before them (t = 0, a row's first real token under left padding) and padding positions get 0.
+    Padding may be on either side; position ids follow the mask, as in ``generate``. Differentiable.
+    """
+    logp, _ = _token_stats(model, input_ids, attention_mask, chunk_size, temperature, with_entropy=False)
+    return logp
+
+
+def token_logprobs_and_entropy(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """input_ids, attention_mask [N, T] -> (logp [N, T], entropy [N, T]), both float32 (or float64).
+
+    entropy[:, t] = H(p(. | input_ids[:, :t])), the entropy of the distribution that scored token t; zero
+    where logp is zero by convention (see ``token_logprobs``). Differentiable.
+    """
+    logp, entropy = _token_stats(model, input_ids, attention_mask, chunk_size, temperature, with_entropy=True)
+    assert entropy is not None
+    return logp, entropy
+
+
+def _token_stats(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    chunk_size: int,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be [N, T]; got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
+    for name in _LOGIT_POSTPROCESSING:
+        if getattr(model.config, name, None) not in (None, 1, 1.0):
+            raise NotImplementedError(f"{type(model).__name__} post-processes logits ({name}); not supported")
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head) to score tokens with")
+
+    mask = attention_mask.bool()
+    n, t = input_ids.shape
+    # Left padding: positions count real tokens only, exactly as generate() numbered them.
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # [N, T, H]
+
+    # Hidden state at t-1 scores token t; only pairs of two real tokens count.
+    scored = mask[:, 1:] & mask[:, :-1]  # [N, T-1]
+    rows = hidden[:, :-1][scored]  # [M, H]
+    targets = input_ids[:, 1:][scored]  # [M]
+
+    def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(h)  # [C, V]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        logz = logits.logsumexp(-1)  # [C]
+        logp = logits.gather(-1, y[:, None]).squeeze(-1) - logz  # [C]
+        if not with_entropy:
+            return logp, logp.new_zeros(())
+        probs = (logits - logz[:, None]).exp()  # [C, V]
+        return logp, logz - (probs * logits).sum(-1)  # H = log Z - E_p[logit]
+
+    recompute = torch.is_grad_enabled() and (rows.requires_grad or any(p.requires_grad for p in head.parameters()))
+    logp_parts, ent_parts = [], []
+    for start in range(0, rows.shape[0], chunk_size):
+        h, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
+        # Checkpointing keeps only h for backward and recomputes the [C, V] logits then, one chunk at a time.
+        lp, ent = checkpoint(chunk_stats, h, y, use_reentrant=False) if recompute else chunk_stats(h, y)
+        logp_parts.append(lp)
+        ent_parts.append(ent)
+
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    out_logp = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, _cat(logp_parts, rows, dtype))
+    out_logp = F.pad(out_logp, (1, 0))  # [N, T]: nothing scores position 0
+    if not with_entropy:
+        return out_logp, None
+    out_ent = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, _cat(ent_parts, rows, dtype))
+    return out_logp, F.pad(out_ent, (1, 0))
+
+
+def _cat(parts: list[Tensor], rows: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.cat(parts) if parts else rows.new_zeros((0,), dtype=dtype)

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from mempo.models.logprobs import token_logprobs, token_logprobs_and_entropy
+
+
+def naive_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The textbook version: full [N, T, V] float32 log-softmax, then gather. Same masking convention."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logsm = logits[:, :-1].log_softmax(-1)  # [N, T-1, V]
+    logp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logsm.exp() * logsm).sum(-1)
+    scored = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()
+    pad = torch.nn.functional.pad
+    return pad(logp * scored, (1, 0)), pad(entropy * scored, (1, 0))
+
+
+def batch(seed: int = 0) -> tuple[Tensor, Tensor]:
+    """3 rows of 12 tokens: full, right-padded (7 real), left-padded (5 real)."""
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, 49152, (3, 12), generator=gen)
+    attention_mask = torch.ones(3, 12, dtype=torch.long)
+    attention_mask[1, 7:] = 0
+    attention_mask[2, :7] = 0
+    input_ids[attention_mask == 0] = 2  # pad id; must not influence anything
+    return input_ids, attention_mask
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 1024])
+def test_chunked_equals_naive(tiny_policy, chunk_size: int) -> None:
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        logp, entropy = token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_size=chunk_size)
+        ref_logp, ref_entropy = naive_logprobs(model, input_ids, attention_mask)
+    assert logp.shape == (3, 12) and logp.dtype == torch.float32
+    torch.testing.assert_close(logp, ref_logp)
+    torch.testing.assert_close(entropy, ref_entropy)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 1024])
+def test_chunked_gradients_equal_naive(tiny_policy, chunk_size: int) -> None:
+    """In float64: in float32 the two orders of summing the embedding gradient differ by roundoff (1e-5
+    relative to its largest entry), which says nothing about the chunking; float64 shows the math agrees."""
+    model, _ = tiny_policy
+    model.double()
+    input_ids, attention_mask = batch()
+
+    logp, entropy = token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_size=chunk_size)
+    (logp.sum() + 0.1 * entropy.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    ref_logp, ref_entropy = naive_logprobs(model, input_ids, attention_mask)
+    (ref_logp.sum() + 0.1 * ref_entropy.sum()).backward()
+
+    torch.testing.assert_close(logp, ref_logp)
+    torch.testing.assert_close(entropy, ref_entropy)
+    assert all(p.grad.abs().max() > 0 for p in model.parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, msg=name)
+
+
+def test_padding_does_not_change_real_tokens(tiny_policy) -> None:
+    """Each padded row scores its real tokens exactly as the row alone would, on either padding side."""
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        logp = token_logprobs(model, input_ids, attention_mask)
+        for row in range(3):
+            real = attention_mask[row].bool()
+            alone = token_logprobs(model, input_ids[row, real][None], torch.ones(1, int(real.sum())))
+            torch.testing.assert_close(logp[row, real], alone[0])
+    assert (logp[attention_mask == 0] == 0).all()
+    assert logp[0, 0] == 0 and logp[2, 7] == 0  # nothing precedes a row's first real token
+    assert (logp[attention_mask.bool() & (torch.arange(12) > 0) & (torch.arange(12) != 7)] < 0).all()
+
+
+def test_temperature_scales_logits(tiny_policy) -> None:
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch(1)
+    with torch.no_grad():
+        hot = token_logprobs(model, input_ids, attention_mask, temperature=2.0)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        expected = (logits[:, :-1] / 2.0).log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    scored = (attention_mask[:, 1:] * attention_mask[:, :-1]).bool()
+    torch.testing.assert_close(hot[:, 1:][scored], expected[scored])
+
+
+def test_no_grad_needs_no_graph(tiny_policy) -> None:
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        logp = token_logprobs(model, input_ids, attention_mask, chunk_size=4)
+    assert not logp.requires_grad
+
+
+def test_bad_input_is_refused(tiny_policy) -> None:
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    with pytest.raises(ValueError, match="must both be"):
+        token_logprobs(model, input_ids, attention_mask[:, :5])
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(model, input_ids, attention_mask, chunk_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model, input_ids, attention_mask, temperature=0.0)
+
+
+def test_head_never_sees_more_than_a_chunk(tiny_policy) -> None:
+    """The [rows, V] logits exist one chunk at a time, in forward and in the recomputing backward."""
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    rows_seen: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: rows_seen.append(out.shape[0]))
+    try:
+        token_logprobs(model, input_ids, attention_mask, chunk_size=4).sum().backward()
+    finally:
+        hook.remove()
+    scored = int((attention_mask[:, 1:] * attention_mask[:, :-1]).sum())  # 11 + 6 + 4 = 21 scored tokens
+    assert max(rows_seen) == 4
+    assert sum(rows_seen) == 2 * scored  # once in forward, once recomputed in backward
