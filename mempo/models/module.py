@@ -104,6 +104,9 @@ class MemPOModule(L.LightningModule):
         self.last_metrics: dict[str, float] = {}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # a list of Task: text, nothing to move
+
     # ------------------------------------------------------------------------------------------------ rollouts
     def rollout(self, tasks: list[Task]) -> RolloutBatch:
         if self.sampler is None:
@@ -125,7 +128,7 @@ class MemPOModule(L.LightningModule):
         """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5)."""
         samples = batch.samples
         tasks = {t.group_id: t.task for t in batch.trajectories}
-        valid = torch.tensor([bool(s.parsed.memory) for s in samples], dtype=torch.bool)
+        valid = torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in samples], dtype=torch.bool)
         group_order = sorted(tasks)
         prompts = [self.builder.scoring_prompt(tasks[g].question, "") for g in group_order]
         answers = [self.builder.answer_ids(tasks[g].gold) for g in group_order]
@@ -151,6 +154,27 @@ class MemPOModule(L.LightningModule):
             )
         return rewards, valid, p_mem
 
+    def advantages(
+        self, x: dict[str, torch.Tensor], mem_rewards: torch.Tensor, mem_valid: torch.Tensor
+    ) -> torch.Tensor:
+        """[N, T] token advantages of a batch (``RolloutBatch.to_tensors``) from the configured estimator (Eq. 9)."""
+        return compute_advantages(
+            self.memory_cfg.estimator,
+            AdvantageInputs(
+                rewards=x["rewards"],
+                group_ids=x["traj_group_ids"],
+                traj_ids=x["traj_ids"],
+                turn_ids=x["turn_ids"],
+                mem_rewards=mem_rewards,
+                mem_valid=mem_valid,
+                response_mask=x["response_mask"],
+                mem_mask=x["mem_mask"],
+            ),
+            AdvantageParams(
+                alpha=self.memory_cfg.alpha, scale=self.memory_cfg.scale, normalize=self.memory_cfg.normalize
+            ),
+        )
+
     # ---------------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[Task], batch_idx: int) -> None:
         timings: dict[str, float] = {}
@@ -163,22 +187,7 @@ class MemPOModule(L.LightningModule):
         t1 = time.perf_counter()
         mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
         x = rollouts.to_tensors(self.pad_id)
-        adv = compute_advantages(
-            self.memory_cfg.estimator,
-            AdvantageInputs(
-                rewards=x["rewards"],
-                group_ids=x["traj_group_ids"],
-                traj_ids=x["traj_ids"],
-                turn_ids=x["turn_ids"],
-                mem_rewards=mem_r,
-                mem_valid=mem_valid,
-                response_mask=x["response_mask"],
-                mem_mask=x["mem_mask"],
-            ),
-            AdvantageParams(
-                alpha=self.memory_cfg.alpha, scale=self.memory_cfg.scale, normalize=self.memory_cfg.normalize
-            ),
-        )
+        adv = self.advantages(x, mem_r, mem_valid)
         timings["score"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()

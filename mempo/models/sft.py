@@ -39,7 +39,7 @@ def build_sft_examples(
     A teacher turn that does not parse is an error naming the task and turn (teacher data must be well formed).
     """
     examples: list[SFTExample] = []
-    pending: list[tuple[int, TurnContext]] = [(0, TurnContext(question=task.question)) for task, _ in trajectories]
+    pending = [(i, TurnContext(question=task.question)) for i, (task, _) in enumerate(trajectories)]
     # Advance all trajectories one turn at a time so every turn's searches go to the retriever in one call.
     while pending:
         searches: list[tuple[int, str, Any]] = []
