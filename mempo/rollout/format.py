@@ -242,8 +242,9 @@ def parse_turn(text: str, tags: Tags = Tags(), *, max_chars: int | None = None) 
     non-empty ``<search>`` or ``<answer>`` block, optional whitespace; only whitespace between blocks; no nested,
     duplicated, unmatched, unclosed or reordered tags; no tag of ours in another letter case (``<MEM>`` is an
     error, not text: a model that writes it has not learned the format); no ``<information>`` (the environment
-    writes that); ``len(text) <= max_chars`` when given ("runaway length", checked first). Char positions in
-    errors are 0-based indices into ``text``. Other angle-bracket text (``a < b``, ``<b>``) is ordinary text.
+    writes that); ``len(text) <= max_chars`` when given ("runaway length", reported before any other error). Char
+    positions in errors are 0-based indices into ``text``. Other angle-bracket text (``a < b``, ``<b>``) is plain
+    text.
     """
     found = _scan_tags(text, tags)
     error, blocks = _structure(text, tags, found)

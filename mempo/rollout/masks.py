@@ -87,7 +87,13 @@ def decode_with_offsets(token_ids: Sequence[int], tokenizer: Decoder) -> tuple[s
     if found is None:  # only a decoder whose full decode is not its last prefix decode gets here
         raise RuntimeError(f"{type(tokenizer).__name__}: decode of all {len(ids)} tokens differs from its prefixes")
     committed, pending = found
-    return text, [(committed[i], committed[i + 1] + int(pending[i + 1])) for i in range(len(ids))]
+    offsets = [(committed[i], committed[i + 1] + int(pending[i + 1])) for i in range(len(ids))]
+    for i, (start, end) in enumerate(offsets):
+        # inside an unfinished char a byte token and a skipped special token both add no committed text; only the
+        # byte token carries part of that char (the special token decodes to nothing on its own)
+        if end > start and committed[i] == committed[i + 1] and pending[i] and decode(ids[i : i + 1]) == "":
+            offsets[i] = (start, start)
+    return text, offsets
 
 
 def span_token_mask(offsets: Sequence[tuple[int, int]], span: tuple[int, int] | None) -> torch.Tensor:

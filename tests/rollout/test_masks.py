@@ -59,6 +59,17 @@ def test_offsets_monotone_covering_and_special_tokens_empty(smollm2_tokenizer, r
     assert covered == set(range(len(text)))
 
 
+def test_special_token_inside_a_split_char_gets_an_empty_range(smollm2_tokenizer, reference_offsets):
+    tok = smollm2_tokenizer
+    split = tok.encode("漢")  # three byte tokens
+    ids = [*tok.encode("<mem> a"), split[0], tok.eos_token_id, *split[1:], *tok.encode(" </mem>")]
+    text, offsets = decode_with_offsets(ids, tok)
+    assert text == "<mem> a漢 </mem>" and (text, offsets) == reference_offsets(ids)
+    where = text.index("漢")
+    assert offsets[ids.index(tok.eos_token_id)] == (where, where)
+    assert [offsets[ids.index(t)] for t in split[1:]] == [(where, where + 1)] * 2
+
+
 def test_empty_and_special_only(smollm2_tokenizer):
     assert decode_with_offsets([], smollm2_tokenizer) == ("", [])
     assert decode_with_offsets([2, 2], smollm2_tokenizer) == ("", [(0, 0), (0, 0)])
@@ -173,3 +184,25 @@ def test_non_compositional_decoder_falls_back_to_prefixes(smollm2_tokenizer):
     parsed = parse_turn(text)
     mask = mem_token_mask(offsets, parsed)
     assert "".join(text[s:e] for (s, e), m in zip(offsets, mask.tolist()) if m) == text[slice(*parsed.mem_span)]
+
+
+def test_windowed_decode_equals_whole_prefix_decode_on_random_ids(smollm2_tokenizer):
+    """Random ids (lone continuation bytes, unfinished chars, special tokens anywhere) exercise every U+FFFD case;
+    the O(L) windowed path must agree with the exact whole-prefix path and the result must tile the text."""
+    tok = smollm2_tokenizer
+    generator = torch.Generator().manual_seed(0)
+
+    def dec(part):
+        return tok.decode(part, skip_special_tokens=True)
+
+    for _ in range(5):
+        ids = torch.randint(0, len(tok), (512,), generator=generator).tolist()
+        text = dec(ids)
+        windowed = _boundaries(ids, text, dec, windowed=True)
+        assert windowed is not None and windowed == _boundaries(ids, text, dec, windowed=False)
+        text_out, offsets = decode_with_offsets(ids, tok)
+        assert text_out == text
+        starts, ends = zip(*offsets)
+        assert list(starts) == sorted(starts) and list(ends) == sorted(ends) and ends[-1] == len(text)
+        assert set().union(*(range(s, e) for s, e in offsets)) == set(range(len(text)))
+        assert all(s == e for s, e in (offsets[i] for i in range(len(ids)) if ids[i] in tok.all_special_ids))
