@@ -140,3 +140,39 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
         kv_cache_space_gb=s.kv_cache_space_gb,
         seed=cfg.seed,
     )
+
+
+def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
+    """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0) and env, the policy's folder)."""
+    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.models.module import MemoryConfig, MemPOModule, OptimConfig
+
+    m = cfg.model
+    model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
+    policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    if m.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if cfg.loss.kl_coef > 0:
+        reference, _ = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    module = MemPOModule(
+        policy,
+        tokenizer,
+        build_env(cfg, tokenizer),
+        reference=reference,
+        builder=build_builder(cfg, tokenizer),
+        agent=build_agent_config(cfg),
+        loss=build_loss(cfg),
+        memory=MemoryConfig(
+            alpha=cfg.memory.alpha,
+            baseline=cfg.memory.baseline,
+            normalize=cfg.memory.normalize,
+            estimator=cfg.advantage.estimator,
+            scale=cfg.advantage.scale,
+        ),
+        optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
+        group_size=cfg.data.group_size,
+        reward_kind=cfg.reward.kind,
+        seed=cfg.seed,
+    )
+    return module, model_path

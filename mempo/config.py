@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.losses import AGG_MODES, KL_KINDS, MEMORY_BASELINES, MEMORY_NORMALIZE
+from mempo.losses import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_KINDS, MEMORY_BASELINES, MEMORY_NORMALIZE
 
 CONTEXT_MODES = ("memory", "full_history")
 REWARD_KINDS = ("all_em", "mean_em", "mean_f1")
@@ -221,6 +221,7 @@ def check_values(cfg: DictConfig) -> None:
     _choice("memory.normalize", cfg.memory.normalize, MEMORY_NORMALIZE)
     _choice("loss.kl_kind", cfg.loss.kl_kind, KL_KINDS)
     _choice("loss.agg", cfg.loss.agg, AGG_MODES)
+    _choice("advantage.estimator", cfg.advantage.estimator, tuple(sorted(ADVANTAGE_ESTIMATORS)))
     _choice("optim.old_logp", cfg.optim.old_logp, ("sampler", "recompute"))
     checks = [
         ("data.group_size", cfg.data.group_size >= 2, "must be >= 2 (GRPO needs a group)"),

@@ -113,59 +113,29 @@ def _export(policy: Any, tokenizer: Any, folder: Path) -> Path:
 
 @stage("rl")
 def train_rl(cfg: DictConfig) -> dict[str, Any]:
-    from mempo.builders import (
-        build_agent_config,
-        build_builder,
-        build_env,
-        build_loss,
-        build_sampler,
-        build_tasks,
-        run_path,
-    )
+    return fit_rl(cfg)[1]
+
+
+def fit_rl(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """Train with MemPO (or the configured estimator) -> (the module, the run summary)."""
+    from mempo.builders import build_module, build_sampler, build_tasks, run_path
     from mempo.data.datamodule import TaskDataModule
     from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint
-    from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.module import MemoryConfig, MemPOModule, OptimConfig
 
     start = time.perf_counter()
     _seed(cfg)
     out = run_path(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    m = cfg.model
-    model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
-    policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-    if m.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    reference = None
-    if cfg.loss.kl_coef > 0:
-        reference, _ = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-    module = MemPOModule(
-        policy,
-        tokenizer,
-        build_env(cfg, tokenizer),
-        reference=reference,
-        builder=build_builder(cfg, tokenizer),
-        agent=build_agent_config(cfg),
-        loss=build_loss(cfg),
-        memory=MemoryConfig(
-            alpha=cfg.memory.alpha,
-            baseline=cfg.memory.baseline,
-            normalize=cfg.memory.normalize,
-            estimator=cfg.advantage.estimator,
-            scale=cfg.advantage.scale,
-        ),
-        optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
-        group_size=cfg.data.group_size,
-        reward_kind=cfg.reward.kind,
-        seed=cfg.seed,
-    )
+    module, model_path = build_module(cfg)
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
     ckpt = StepCheckpoint(out / "checkpoints", cfg.ckpt.every_n_steps)
+
+    def make_sampler(mod: Any) -> Any:
+        return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
+
     callbacks = [
-        SamplerCallback(
-            lambda mod: build_sampler(cfg, model_path, mod.policy, tokenizer), sync_every=cfg.sampler.sync_every
-        ),
+        SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every),
         MetricsFile(out / "metrics.csv"),
         ckpt,
     ]
@@ -179,7 +149,7 @@ def train_rl(cfg: DictConfig) -> dict[str, Any]:
         else:
             print(f"[mempo] resume=true but {ckpt.last_path} does not exist: starting from the beginning")
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-    hf = _export(policy, tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
+    hf = _export(module.policy, module.tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
     summary = {
         "stage": "rl",
         "name": cfg.name,
@@ -191,7 +161,7 @@ def train_rl(cfg: DictConfig) -> dict[str, Any]:
     }
     if trainer.is_global_zero:
         _write_json(out / "summary.json", summary)
-    return summary
+    return module, summary
 
 
 @stage("sft")

@@ -43,5 +43,5 @@ def evaluate_agent(
     """One rollout per task (greedy by default) -> (metrics, the rollouts)."""
     if greedy:
         agent = replace(agent, sampling=replace(agent.sampling, temperature=0.0, top_p=1.0))
-    batch = collect(sampler, env, tasks, 1, builder, agent, tags=builder.tags, reward_kind=reward_kind)
+    batch = collect(sampler, env, tasks, 1, builder, agent, reward_kind=reward_kind)
     return summarize(batch), batch

@@ -102,6 +102,7 @@ class MemPOModule(L.LightningModule):
         self.batches_done = 0  # RL steps completed (drives data order and sampling seeds on resume)
         self.nonfinite_in_a_row = 0
         self.last_metrics: dict[str, float] = {}
+        self.last_task_ids: list[str] = []
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -178,6 +179,7 @@ class MemPOModule(L.LightningModule):
     # ---------------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[Task], batch_idx: int) -> None:
         timings: dict[str, float] = {}
+        self.last_task_ids = [t.task_id for t in batch]
         t0 = time.perf_counter()
         self.policy.eval()
         rollouts = self.rollout(batch)
@@ -300,7 +302,7 @@ class MemPOModule(L.LightningModule):
             "rng": {
                 "torch": torch.get_rng_state(),
                 "python": random.getstate(),
-                "numpy": np.random.get_state(),
+                "numpy": _numpy_state_to_plain(np.random.get_state()),
             },
         }
 
@@ -311,9 +313,25 @@ class MemPOModule(L.LightningModule):
         if rng:
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
+            np.random.set_state(_numpy_state_from_plain(rng["numpy"]))
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     sel = adv[mem_mask & response_mask]
     return sel.std() if sel.numel() > 1 else torch.tensor(0.0)
+
+
+def _numpy_state_to_plain(state: tuple) -> dict[str, Any]:
+    """numpy's RNG state as tensors and ints, so checkpoints load with ``torch.load(weights_only=True)``."""
+    kind, keys, pos, has_gauss, cached = state
+    return {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _numpy_state_from_plain(d: dict[str, Any]) -> tuple:
+    return (d["kind"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["cached"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -17,7 +17,7 @@ from mempo.rollout.format import ParsedTurn, Tags, parse_turn
 from mempo.rollout.masks import decode_with_offsets, mem_token_mask
 from mempo.rollout.prompts import PromptBuilder, TurnContext
 from mempo.rollout.rewards import objective_scores, trajectory_reward
-from mempo.rollout.sampler import Sampler, SamplingConfig
+from mempo.rollout.sampler import Generation, Sampler, SamplingConfig
 
 
 class Env(Protocol):
@@ -151,6 +151,37 @@ def _clip_to_stop(text: str, stops: Sequence[str], last_token_start: int) -> str
     return text
 
 
+def make_turn_sample(
+    traj_id: int,
+    group_id: int,
+    turn_id: int,
+    prompt_ids: Sequence[int],
+    gen: Generation,
+    tokenizer: Any,
+    tags: Tags,
+    include_tags: bool = True,
+) -> TurnSample:
+    """Decode, parse and mask one generated turn. The text parsed and the token offsets come from one decode, so
+    the memory mask always agrees with the parsed memory span."""
+    text, offsets = decode_with_offsets(gen.token_ids, tokenizer)
+    last_start = offsets[-1][0] if offsets else 0
+    parsed = parse_turn(_clip_to_stop(text, tags.stop_strings(), last_start), tags)
+    if parsed.ok and gen.finish_reason == "length":  # a stop string ends every well-formed turn; a guard only
+        parsed = replace(parsed, ok=False, error="generation hit max_new_tokens")
+    mask = mem_token_mask(offsets, parsed, include_tags=include_tags)
+    return TurnSample(
+        traj_id=traj_id,
+        group_id=group_id,
+        turn_id=turn_id,
+        prompt_ids=list(prompt_ids),
+        response_ids=list(gen.token_ids),
+        sampler_logp=list(gen.logprobs),
+        mem_mask=[bool(x) for x in mask.tolist()],
+        text=text,
+        parsed=parsed,
+    )
+
+
 def next_context(ctx: TurnContext, turn_text: str, parsed: ParsedTurn, information: str) -> TurnContext:
     """The context of the next turn after a search turn (both context modes keep what they need)."""
     return TurnContext(
@@ -170,7 +201,6 @@ def collect(
     builder: PromptBuilder,
     config: AgentConfig,
     *,
-    tags: Tags = Tags(),
     reward_kind: str = "all_em",
 ) -> RolloutBatch:
     """Run ``group_size`` rollouts of every task to the end; return trajectories with rewards set.
@@ -180,7 +210,7 @@ def collect(
     """
     trajs = [Trajectory(i, i // group_size, tasks[i // group_size]) for i in range(len(tasks) * group_size)]
     ctxs = [TurnContext(question=t.task.question) for t in trajs]
-    stops = tags.stop_strings()
+    stops = builder.tags.stop_strings()
     sampling = SamplingConfig(
         n=1,
         max_new_tokens=config.sampling.max_new_tokens,
@@ -208,25 +238,11 @@ def collect(
         searches: list[tuple[Trajectory, str, str]] = []
         for (traj_id, prompt_ids), gens in zip(prompts.items(), generations):
             t, gen = trajs[traj_id], gens[0]
-            text, offsets = decode_with_offsets(gen.token_ids, builder.tokenizer)
-            last_start = offsets[-1][0] if offsets else 0
-            parsed = parse_turn(_clip_to_stop(text, stops, last_start), tags)
-            if parsed.ok and gen.finish_reason == "length":  # cannot happen with stop strings; kept as a guard
-                parsed = replace(parsed, ok=False, error="generation hit max_new_tokens")
-            mask = mem_token_mask(offsets, parsed, include_tags=config.include_tags)
-            t.turns.append(
-                TurnSample(
-                    traj_id=traj_id,
-                    group_id=t.group_id,
-                    turn_id=turn,
-                    prompt_ids=list(prompt_ids),
-                    response_ids=list(gen.token_ids),
-                    sampler_logp=list(gen.logprobs),
-                    mem_mask=[bool(x) for x in mask.tolist()],
-                    text=text,
-                    parsed=parsed,
-                )
+            sample = make_turn_sample(
+                traj_id, t.group_id, turn, prompt_ids, gen, builder.tokenizer, builder.tags, config.include_tags
             )
+            t.turns.append(sample)
+            parsed, text = sample.parsed, sample.text
             if not parsed.ok:
                 reason = parsed.error or "malformed turn"
                 if gen.finish_reason == "length":

@@ -1,0 +1,140 @@
+"""MemPOModule end to end on the tiny model through the HF sampler (fast), and the advantage switches on one batch."""
+
+import csv
+import json
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mempo.builders import build_builder, build_env, build_module, build_tags, synthetic_world
+from mempo.data.oracle import oracle_dataset
+from mempo.entry import fit_rl
+from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
+from mempo.rollout.agent import RolloutBatch, Trajectory, make_turn_sample, next_context
+from mempo.rollout.prompts import TurnContext
+from mempo.rollout.sampler import Generation
+
+
+@register_advantage("test_signed")
+def _signed(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+    """+1 on every response token of even trajectories, -1 on odd ones: a nonzero learning signal that does not
+    depend on a random model ever producing a correct answer."""
+    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
+    return sign[:, None] * x.response_mask.float()
+
+
+SMOKE = [
+    "model=tiny",
+    "sampler=hf",
+    "data.batch_size=2",
+    "data.group_size=2",
+    "agent.max_turns=2",
+    "sampler.max_new_tokens=12",
+    "optim.lr=1e-3",
+    "loss.kl_coef=0.01",
+    "ckpt.every_n_steps=1",
+]
+
+
+def _params(module):
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def test_two_step_fit_moves_the_policy_not_the_reference(make_cfg, tmp_path):
+    cfg = make_cfg(*SMOKE, "advantage.estimator=test_signed", "trainer.max_steps=2", f"run_dir={tmp_path}")
+    initial, _ = build_module(cfg)
+    before_policy, before_ref = _params(initial.policy), _params(initial.reference)
+    module, summary = fit_rl(cfg)
+    after_policy, after_ref = _params(module.policy), _params(module.reference)
+    assert summary["steps"] == 2 == module.batches_done
+    assert any(not torch.equal(before_policy[k], after_policy[k]) for k in before_policy)
+    for k in before_ref:
+        assert torch.equal(before_ref[k], after_ref[k]), f"reference parameter {k} changed"
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2]
+    for key in (
+        "train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "rollout/reward_mean", "rollout/format_ok",
+        "rollout/turns_mean", "memory/p_ans_mean", "memory/adv_std", "memory/tokens_mean", "perf/gen_tok_per_s",
+        "perf/generate_s", "perf/score_s", "perf/logp_s", "perf/update_s", "perf/push_s",
+    ):  # fmt: skip
+        assert key in rows[0], key
+    assert float(rows[1]["train/kl"]) > 0  # the policy moved away from the reference after step 1
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_resume_continues_at_the_same_step_with_the_same_data(make_cfg, tmp_path):
+    base = [*SMOKE, "advantage.estimator=test_signed", "agent.max_turns=1"]
+    straight, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", f"run_dir={tmp_path / 'straight'}"))
+    first, _ = fit_rl(make_cfg(*base, "trainer.max_steps=2", f"run_dir={tmp_path / 'split'}"))
+    assert first.batches_done == 2
+    resumed, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", "resume=true", f"run_dir={tmp_path / 'split'}"))
+    assert resumed.batches_done == 3
+    assert resumed.last_task_ids == straight.last_task_ids  # batch 3 is the same batch
+    rows = list(csv.DictReader((tmp_path / "split" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]  # appended, no duplicated or missing step
+    ckpt = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["mempo"]["batches_done"] == 3
+    adam_steps = {int(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {3}  # optimizer state carried over the restart (a fresh one would count 1)
+
+
+def oracle_batch(module, cfg, rewards):
+    """A real batch of turn samples: two rollouts of one task whose turns are the oracle's well-formed turns,
+    replayed through the same prompt builder, environment and per-turn processing as the agent loop."""
+    tags = build_tags(cfg)
+    builder = build_builder(cfg, module.tokenizer)
+    env = build_env(cfg, module.tokenizer)
+    task, turns = oracle_dataset(synthetic_world(cfg), "train", 2, num_tasks=1, seed=0, tags=tags)[0]
+    trajs = []
+    for traj_id, reward in enumerate(rewards):
+        traj = Trajectory(traj_id, 0, task, reward=reward, finish="answer")
+        ctx = TurnContext(question=task.question)
+        for turn_id, text in enumerate(turns, start=1):
+            ids = module.tokenizer(text, add_special_tokens=False)["input_ids"]
+            gen = Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text)
+            sample = make_turn_sample(traj_id, 0, turn_id, builder.prompt(ctx, "memory"), gen, module.tokenizer, tags)
+            traj.turns.append(sample)
+            if sample.parsed.action == "search":
+                ctx = next_context(ctx, sample.text, sample.parsed, env.search([sample.parsed.argument])[0])
+        trajs.append(traj)
+    return RolloutBatch(trajs)
+
+
+def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):
+    nomem, _ = build_module(make_cfg("model=tiny", "+exp=ablation_nomem"))
+    grpo, _ = build_module(make_cfg("model=tiny", "advantage.estimator=grpo"))
+    mempo, _ = build_module(make_cfg("model=tiny"))
+    batch = oracle_batch(mempo, make_cfg("model=tiny"), rewards=[1.0, 0.0])
+    assert all(s.parsed.ok for s in batch.samples) and any(any(s.mem_mask) for s in batch.samples)
+    x = batch.to_tensors(mempo.pad_id)
+    mem_r, valid, p_mem = mempo.memory_rewards(batch)
+    assert valid.all() and ((p_mem > 0) & (p_mem < 1)).all()
+    a_nomem = nomem.advantages(x, mem_r, valid)
+    a_grpo = grpo.advantages(x, mem_r, valid)
+    a_mempo = mempo.advantages(x, mem_r, valid)
+    assert torch.equal(a_nomem, a_grpo)
+    assert_close(a_grpo[x["response_mask"]].abs(), torch.full_like(a_grpo[x["response_mask"]], 1 / (2**0.5 + 1e-6)))
+    on_mem = x["mem_mask"] & x["response_mask"]
+    assert not torch.equal(a_mempo[on_mem], a_grpo[on_mem])  # the memory advantage is really on in MemPO
+    assert torch.equal(a_mempo[~on_mem], a_grpo[~on_mem])
+
+
+@pytest.mark.parametrize("baseline", ["previous_memory", "question_only", "none"])
+def test_memory_rewards_follow_the_baseline_switch(make_cfg, baseline):
+    module, _ = build_module(make_cfg("model=tiny", f"memory.baseline={baseline}"))
+    batch = oracle_batch(module, make_cfg("model=tiny"), rewards=[1.0, 0.0])
+    mem_r, valid, p_mem = module.memory_rewards(batch)
+    turns = torch.tensor([s.turn_id for s in batch.samples])
+    first = turns == 1
+    if baseline == "none":
+        assert_close(mem_r, p_mem)
+    elif baseline == "previous_memory":
+        later = ~first
+        prev = torch.tensor([p_mem[i - 1] for i in range(len(turns)) if later[i]])
+        assert_close(mem_r[later], p_mem[later] - prev)
+    else:
+        assert_close(mem_r[first], mem_r[first][:1].expand(int(first.sum())) * 0 + mem_r[first][0])
+        assert_close(p_mem - mem_r, (p_mem - mem_r)[:1].expand(len(p_mem)))  # one eps per task
