@@ -176,3 +176,13 @@ def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
         seed=cfg.seed,
     )
     return module, model_path
+
+
+def build_eval_sampler(cfg: DictConfig, folder: str | Path) -> Sampler:
+    """A sampler over a saved policy folder (evaluation of a checkpoint)."""
+    if cfg.sampler.backend == "hf":
+        from mempo.models.loading import load_policy
+
+        policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        return build_sampler(cfg, folder, policy, tokenizer)
+    return build_sampler(cfg, folder)

@@ -121,6 +121,9 @@ class SFTModule(L.LightningModule):
         self.policy = policy
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
 
+    def on_train_start(self) -> None:
+        self.policy.train()  # loaded in eval mode; Lightning keeps modules in the mode it finds them
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logp = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])  # [B, T]
         mask = batch["target_mask"].to(logp.dtype)
