@@ -34,16 +34,20 @@ import torch
 from mempo.models.loading import resolve_model_path
 from mempo.rollout.sampler import Generation, SamplingConfig
 
+# CPU KV cache when neither the caller nor $VLLM_CPU_KVCACHE_SPACE sets one: SmolLM2 fp32 needs 45 KB a
+# token (30 layers x 3 kv heads x 64 x K,V x 4 bytes), so 2 GiB holds about 46k tokens.
+DEFAULT_CPU_KV_CACHE_GB = 2
+
 
 class VLLMSampler:
     """A vLLM engine for ``model_path`` (a folder, hub id or embedded name, see ``resolve_model_path``).
 
     dtype: engine dtype ("float32", "bfloat16", "float16"); fp32 makes sampler log-probs match the trainer's.
     enforce_eager: skip graph capture / torch.compile (CPU compile costs 50-100 s at start for ~20% speed).
-    tensor_parallel_size, gpu_memory_utilization: CUDA only (vLLM ignores the memory fraction on CPU).
+    tensor_parallel_size, gpu_memory_utilization: CUDA only in effect (on CPU the KV cache size is set instead).
     max_model_len: prompt + generation tokens per sequence, at most the model's context length.
     enable_sleep_mode: None = on for CUDA, off for CPU (vLLM-CPU has no sleep mode).
-    kv_cache_space_gb: CPU KV cache size, exported as VLLM_CPU_KVCACHE_SPACE; None keeps the environment's.
+    kv_cache_space_gb: CPU KV cache GiB, exported as VLLM_CPU_KVCACHE_SPACE; None: the environment's, else 2.
     seed: engine seed; per-call seeds come from ``SamplingConfig.seed``.
     enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
     """
@@ -64,8 +68,6 @@ class VLLMSampler:
         cache_dir: str | Path | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if kv_cache_space_gb is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gb)
         import vllm  # deferred: importing vLLM is slow and it is an optional dependency
         import vllm.envs
         from vllm.platforms import current_platform
@@ -77,6 +79,10 @@ class VLLMSampler:
             enable_sleep_mode = on_cuda
         if enable_sleep_mode and not on_cuda:
             raise ValueError("sampler.enable_sleep_mode needs CUDA; vLLM on CPU has no sleep mode")
+        if not on_cuda:
+            # Unset, vLLM-CPU would reserve gpu_memory_utilization x the RAM (half of it at 0.5) for itself.
+            space = kv_cache_space_gb or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KV_CACHE_GB
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(space)
 
         path = resolve_model_path(model_path, cache_dir=cache_dir)
         self.model_path = path
