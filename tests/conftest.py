@@ -9,7 +9,7 @@ from) the persistent cache that was configured before the session started (``$ME
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
+from mempo.rollout.sampler import Generation
 
 # Engines started by tests share 2 cores and 24 GiB with everything else: keep vLLM's CPU KV cache at 1 GiB.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -88,3 +89,38 @@ def compose_config(*overrides: str):
 @pytest.fixture
 def make_cfg():
     return compose_config
+
+
+def _plain_logprobs(model: PreTrainedModel, prompt: list[int], gen: Generation) -> torch.Tensor:
+    """[L]: one unpadded fp32 forward of prompt + generation, full log-softmax, gather the sampled tokens."""
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    return logits[len(prompt) - 1 : -1].log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+
+
+def _greedy_reference(model: PreTrainedModel, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding by hand: argmax of a full forward, one token at a time, no eos handling."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.fixture(scope="session")
+def plain_logprobs() -> Callable[[PreTrainedModel, list[int], Generation], torch.Tensor]:
+    """The reference a sampler's log-probs must match: a plain fp32 forward on the sampled tokens."""
+    return _plain_logprobs
+
+
+@pytest.fixture(scope="session")
+def greedy_reference() -> Callable[[PreTrainedModel, list[int], int], list[int]]:
+    """The reference a greedy sampler must match."""
+    return _greedy_reference
+
+
+@pytest.fixture(scope="session")
+def prompt_texts() -> list[str]:
+    """Prompts of different lengths, so batches need padding."""
+    return ["The capital of France is", "One, two, three, four,", "Hi"]

