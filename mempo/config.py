@@ -177,8 +177,8 @@ class CkptSchema:
 
 @dataclass
 class RootSchema:
-    name: str = "default"
-    stage: str = "rl"
+    name: str = "demo"
+    stage: str = "demo"
     seed: int = 0
     run_dir: str = "runs/default"
     resume: bool = False
@@ -200,7 +200,7 @@ class RootSchema:
     eval: EvalSchema = field(default_factory=EvalSchema)
 
 
-STAGES = ("rl", "sft", "demo", "rollout")
+STAGES = ("rl", "sft", "demo")
 
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:

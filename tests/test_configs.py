@@ -64,7 +64,8 @@ def test_ablation_nomem_is_the_default_with_alpha_zero():
     ablation = OmegaConf.to_container(validate_config(compose_cfg("+exp=ablation_nomem")), resolve=True)
     assert ablation["memory"]["alpha"] == 0.0
     base["memory"]["alpha"], base["name"], base["run_dir"] = 0.0, "ablation_nomem", "runs/ablation_nomem"
-    assert ablation == base  # the delta is exactly alpha (and the name)
+    base["stage"] = "rl"
+    assert ablation == base  # the delta is exactly alpha (and the name, and RL only)
 
 
 def test_debug_group_shrinks_a_run():
