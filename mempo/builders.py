@@ -113,7 +113,7 @@ def build_agent_config(cfg: DictConfig, *, greedy: bool = False) -> AgentConfig:
 
 
 def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:
-    return PromptBuilder(tokenizer, build_tags(cfg), keep_previous_turn=cfg.agent.keep_previous_turn)
+    return PromptBuilder(tokenizer, build_tags(cfg))
 
 
 def build_loss(cfg: DictConfig) -> LossConfig:

@@ -192,7 +192,12 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
             tags=build_tags(cfg),
         )
     examples = build_sft_examples(
-        trajectories, build_builder(cfg, tokenizer), build_env(cfg, tokenizer), context=cfg.agent.context
+        trajectories,
+        build_builder(cfg, tokenizer),
+        build_env(cfg, tokenizer),
+        context=cfg.agent.context,
+        keep_previous_turn=cfg.agent.keep_previous_turn,
+        tags=build_tags(cfg),
     )
     loader = sft_dataloader(examples, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
     module = SFTModule(policy, lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps)

@@ -31,6 +31,7 @@ def build_sft_examples(
     env: Env,
     *,
     context: str = "memory",
+    keep_previous_turn: bool = False,
     tags: Tags = Tags(),
 ) -> list[SFTExample]:
     """Replay each teacher trajectory turn by turn: the prompt of turn t is what the agent loop would build from
@@ -51,7 +52,8 @@ def build_sft_examples(
             if not parsed.ok:
                 raise ValueError(f"teacher trajectory {task.task_id!r} turn {turn_i + 1}: {parsed.error}")
             ids = builder.tokenizer(text, add_special_tokens=False)["input_ids"]
-            examples.append(SFTExample(builder.prompt(ctx, context), list(ids)))
+            prompt = builder.prompt(ctx, context, keep_previous_turn=keep_previous_turn)
+            examples.append(SFTExample(prompt, list(ids)))
             if parsed.action == "search":
                 if turn_i + 1 >= len(turns):
                     raise ValueError(f"teacher trajectory {task.task_id!r} ends with a search (turn {turn_i + 1})")

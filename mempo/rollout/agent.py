@@ -225,7 +225,7 @@ def collect(
             break
         prompts: dict[int, list[int]] = {}
         for t in live:
-            ids = builder.prompt(ctxs[t.traj_id], config.context)
+            ids = builder.prompt(ctxs[t.traj_id], config.context, keep_previous_turn=config.keep_previous_turn)
             if len(ids) + sampling.max_new_tokens > config.max_context_tokens:
                 t.finish, t.error = "context_overflow", f"turn {turn}: prompt of {len(ids)} tokens leaves no room"
                 continue

@@ -40,10 +40,9 @@ class TurnContext:
 class PromptBuilder:
     """Renders contexts with the tokenizer's chat template and returns prompt token ids."""
 
-    def __init__(self, tokenizer: Any, tags: Tags = Tags(), *, keep_previous_turn: bool = False) -> None:
+    def __init__(self, tokenizer: Any, tags: Tags = Tags()) -> None:
         self.tokenizer = tokenizer
         self.tags = tags
-        self.keep_previous_turn = keep_previous_turn
         self.system = SYSTEM_TEMPLATE.format(
             mem=tags.mem, think=tags.think, search=tags.search, answer=tags.answer, information=tags.information
         )
@@ -52,12 +51,13 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def memory_prompt(self, ctx: TurnContext) -> list[int]:
-        """Context reset: only the question, the last memory and the last tool result."""
+    def memory_prompt(self, ctx: TurnContext, *, keep_previous_turn: bool = False) -> list[int]:
+        """Context reset: only the question, the last memory and the last tool result (and, with
+        ``keep_previous_turn``, the last turn's text)."""
         parts = [f"Question:\n{ctx.question}"]
         if ctx.memory is not None:
             parts.append(wrap(self.tags.mem, f" {ctx.memory} "))
-        if self.keep_previous_turn and ctx.previous_turn is not None:
+        if keep_previous_turn and ctx.previous_turn is not None:
             parts.append(f"Your previous turn:\n{ctx.previous_turn}")
         if ctx.information is not None:
             parts.append(ctx.information)
@@ -75,9 +75,10 @@ class PromptBuilder:
             messages += [{"role": "assistant", "content": turn_text}, {"role": "user", "content": info}]
         return self._render(messages)
 
-    def prompt(self, ctx: TurnContext, context: str) -> list[int]:
+    def prompt(self, ctx: TurnContext, context: str, *, keep_previous_turn: bool = False) -> list[int]:
+        """The prompt of the next turn; ``context`` is agent.context (memory | full_history)."""
         if context == "memory":
-            return self.memory_prompt(ctx)
+            return self.memory_prompt(ctx, keep_previous_turn=keep_previous_turn)
         if context == "full_history":
             return self.full_history_prompt(ctx)
         raise ValueError(f"agent.context must be 'memory' or 'full_history', got {context!r}")
