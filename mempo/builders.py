@@ -120,6 +120,24 @@ def build_loss(cfg: DictConfig) -> LossConfig:
     return LossConfig(**OmegaConf.to_container(cfg.loss))
 
 
+def build_memory_config(cfg: DictConfig) -> Any:
+    from mempo.models.module import MemoryConfig
+
+    return MemoryConfig(
+        alpha=cfg.memory.alpha,
+        baseline=cfg.memory.baseline,
+        normalize=cfg.memory.normalize,
+        estimator=cfg.advantage.estimator,
+        scale=cfg.advantage.scale,
+    )
+
+
+def build_optim_config(cfg: DictConfig) -> Any:
+    from mempo.models.module import OptimConfig
+
+    return OptimConfig(**OmegaConf.to_container(cfg.optim))
+
+
 def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None) -> Sampler:
     """``sampler.backend``: vllm (an engine over the policy's folder) or hf (generate with the policy itself)."""
     s = cfg.sampler
@@ -145,7 +163,7 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
 def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
     """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0) and env, the policy's folder)."""
     from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.module import MemoryConfig, MemPOModule, OptimConfig
+    from mempo.models.module import MemPOModule
 
     m = cfg.model
     model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
@@ -163,14 +181,8 @@ def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
         builder=build_builder(cfg, tokenizer),
         agent=build_agent_config(cfg),
         loss=build_loss(cfg),
-        memory=MemoryConfig(
-            alpha=cfg.memory.alpha,
-            baseline=cfg.memory.baseline,
-            normalize=cfg.memory.normalize,
-            estimator=cfg.advantage.estimator,
-            scale=cfg.advantage.scale,
-        ),
-        optim=OptimConfig(**OmegaConf.to_container(cfg.optim)),
+        memory=build_memory_config(cfg),
+        optim=build_optim_config(cfg),
         group_size=cfg.data.group_size,
         reward_kind=cfg.reward.kind,
         seed=cfg.seed,

@@ -127,6 +127,7 @@ class OptimSchema:
     ppo_epochs: int = 1
     micro_batch_size: int = 8
     old_logp: str = "sampler"  # sampler | recompute
+    max_nonfinite: int = 3  # non-finite gradients in a row before the run stops
 
 
 @dataclass

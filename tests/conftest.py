@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
 from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
 from mempo.rollout.sampler import Generation
 
@@ -124,3 +125,11 @@ def greedy_reference() -> Callable[[PreTrainedModel, list[int], int], list[int]]
 def prompt_texts() -> list[str]:
     """Prompts of different lengths, so batches need padding."""
     return ["The capital of France is", "One, two, three, four,", "Hi"]
+
+
+@register_advantage("test_signed")
+def _signed_advantage(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+    """Test estimator: +1 on every response token of even trajectories, -1 on odd ones. A nonzero learning signal
+    that does not depend on a random or tiny model ever answering correctly (fits that must move the policy)."""
+    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
+    return sign[:, None] * x.response_mask.float()

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -120,3 +121,33 @@ def test_cli_unknown_key_names_it():
         out = _run(arg)
         assert out.returncode != 0
         assert "no_such_key" in out.stderr
+
+
+@pytest.mark.parametrize("exp", EXPERIMENTS)
+def test_every_experiment_instantiates_its_typed_configs(exp):
+    """Every experiment's groups turn into the typed objects the code takes (no model weights needed)."""
+    from mempo.builders import build_agent_config, build_loss, build_memory_config, build_optim_config, build_tags
+
+    cfg = validate_config(compose_cfg(f"+exp={exp}"))
+    loss = build_loss(cfg)
+    assert loss.kl_coef == cfg.loss.kl_coef and loss.agg == cfg.loss.agg
+    agent = build_agent_config(cfg)
+    assert agent.context == cfg.agent.context and agent.sampling.max_new_tokens == cfg.sampler.max_new_tokens
+    assert build_memory_config(cfg).alpha == cfg.memory.alpha
+    assert build_optim_config(cfg).lr == cfg.optim.lr
+    assert build_tags(cfg).stop_strings() == ("</search>", "</answer>")
+
+
+SWEEPS = sorted((ROOT / "experiments" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_sweep_calls_run_py_with_valid_hydra_overrides(path):
+    spec = yaml.safe_load(path.read_text())  # not OmegaConf: ${env} and ${program} are W&B's macros
+    assert spec["program"] == "experiments/run.py"
+    assert "${args_no_hyphens}" in spec["command"]  # W&B passes key=value, Hydra's override syntax
+    fixed = [a for a in spec["command"] if "=" in str(a) and not str(a).startswith("$")]
+    assert spec["parameters"]
+    for key, values in spec["parameters"].items():
+        for value in values["values"]:
+            validate_config(compose_cfg(*fixed, f"{key}={value}"))  # every point of the grid composes

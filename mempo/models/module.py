@@ -16,9 +16,9 @@ after ``max_nonfinite`` in a row) instead of corrupting the weights.
 
 from __future__ import annotations
 
-import math
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,7 +236,8 @@ class MemPOModule(L.LightningModule):
         grad_norm = torch.tensor(0.0)
         for _ in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
-            for idx in length_sorted_batches(lengths, self.optim_cfg.micro_batch_size):
+            micro_batches = length_sorted_batches(lengths, self.optim_cfg.micro_batch_size)
+            for j, idx in enumerate(micro_batches):
                 t_len = int(max(lengths[i] for i in idx))
                 sl = (idx, slice(0, t_len))
 
@@ -254,14 +255,18 @@ class MemPOModule(L.LightningModule):
                     weights=mb(weights),
                     sampler_logp=mb(x["sampler_logp"]),
                 )
-                self.manual_backward(loss)
+                # Data parallel: ranks hold different numbers of micro-batches, so gradients are synchronized
+                # only by each rank's last backward (one per rank per pass); earlier ones accumulate locally.
+                with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
+                    self.manual_backward(loss)
                 loss_total += float(loss.detach())
                 share = float(mb(x["response_mask"]).sum()) / max(float(x["response_mask"].sum()), 1.0)
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
                 sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip)
-            if not (math.isfinite(loss_total) and torch.isfinite(grad_norm)):
+            # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
+            if not torch.isfinite(grad_norm):
                 self.nonfinite_in_a_row += 1
                 opt.zero_grad(set_to_none=True)
                 self.log("train/skipped_step", 1.0, on_step=True)
@@ -286,6 +291,10 @@ class MemPOModule(L.LightningModule):
             "train/grad_norm": float(grad_norm),
             "train/lr": float(opt.param_groups[0]["lr"]),
         }
+
+    def _no_grad_sync(self) -> Any:
+        block = getattr(self.trainer.strategy, "block_backward_sync", None)
+        return block() if block is not None else nullcontext()
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.policy.parameters() if p.requires_grad]

@@ -10,19 +10,9 @@ from torch.testing import assert_close
 from mempo.builders import build_builder, build_env, build_module, build_tags, synthetic_world
 from mempo.data.oracle import oracle_dataset
 from mempo.entry import fit_rl
-from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
 from mempo.rollout.agent import RolloutBatch, Trajectory, make_turn_sample, next_context
 from mempo.rollout.prompts import TurnContext
 from mempo.rollout.sampler import Generation
-
-
-@register_advantage("test_signed")
-def _signed(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
-    """+1 on every response token of even trajectories, -1 on odd ones: a nonzero learning signal that does not
-    depend on a random model ever producing a correct answer."""
-    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
-    return sign[:, None] * x.response_mask.float()
-
 
 SMOKE = [
     "model=tiny",
