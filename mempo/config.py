@@ -52,7 +52,7 @@ class EnvSchema:
     retriever: str = "bm25"
     corpus: str | None = None  # JSONL {"id","contents"}; null = the synthetic world's corpus
     url: str | None = None  # http retriever endpoint, e.g. http://127.0.0.1:8000/retrieve
-    topk: int = 3
+    topk: int = 2
     max_passage_tokens: int = 64
     timeout_s: float = 10.0
     max_retries: int = 3
@@ -137,7 +137,7 @@ class TrainerSchema:
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
-    max_steps: int = 4
+    max_steps: int = 3
     log_every_n_steps: int = 1
 
 

@@ -233,6 +233,7 @@ class MemPOModule(L.LightningModule):
         weights = loss_weights(x["response_mask"], self.loss_cfg.agg, traj_ids=x["traj_ids"])  # [N, T]
         lengths = x["attention_mask"].sum(-1).tolist()
         sums: dict[str, float] = {}
+        skipped = 0
         grad_norm = torch.tensor(0.0)
         for _ in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
@@ -268,12 +269,12 @@ class MemPOModule(L.LightningModule):
             # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
             if not torch.isfinite(grad_norm):
                 self.nonfinite_in_a_row += 1
+                skipped += 1
                 opt.zero_grad(set_to_none=True)
-                self.log("train/skipped_step", 1.0, on_step=True)
                 if self.nonfinite_in_a_row >= self.optim_cfg.max_nonfinite:
                     raise FloatingPointError(
                         f"non-finite loss or gradient in {self.nonfinite_in_a_row} steps in a row (step "
-                        f"{self.batches_done}): stopping; lower optim.lr or check the data"
+                        f"{self.batches_done + 1}): stopping; lower optim.lr or check the data"
                     )
                 continue
             self.nonfinite_in_a_row = 0
@@ -290,6 +291,7 @@ class MemPOModule(L.LightningModule):
             "train/kl": sums.get("kl", 0.0) / epochs,
             "train/grad_norm": float(grad_norm),
             "train/lr": float(opt.param_groups[0]["lr"]),
+            "train/skipped_steps": float(skipped),
         }
 
     def _no_grad_sync(self) -> Any:

@@ -10,6 +10,7 @@ from torch.testing import assert_close
 from mempo.builders import build_builder, build_env, build_module, build_tags, synthetic_world
 from mempo.data.oracle import oracle_dataset
 from mempo.entry import fit_rl
+from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
 from mempo.rollout.agent import RolloutBatch, Trajectory, make_turn_sample, next_context
 from mempo.rollout.prompts import TurnContext
 from mempo.rollout.sampler import Generation
@@ -128,3 +129,30 @@ def test_memory_rewards_follow_the_baseline_switch(make_cfg, baseline):
     else:
         assert_close(mem_r[first], mem_r[first][:1].expand(int(first.sum())) * 0 + mem_r[first][0])
         assert_close(p_mem - mem_r, (p_mem - mem_r)[:1].expand(len(p_mem)))  # one eps per task
+
+
+@register_advantage("test_nan")
+def _nan_advantage(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+    """Test estimator: a NaN advantage on every token (a numerics fault injected into the loss)."""
+    return torch.full(x.response_mask.shape, float("nan"))
+
+
+def test_non_finite_gradients_skip_the_step_then_stop_the_run(make_cfg, tmp_path):
+    cfg = make_cfg(
+        *SMOKE, "advantage.estimator=test_nan", "trainer.max_steps=5", "optim.max_nonfinite=2", "agent.max_turns=1",
+        f"run_dir={tmp_path}",
+    )  # fmt: skip
+    initial, _ = build_module(cfg)
+    before = _params(initial.policy)
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient in 2 steps in a row"):
+        fit_rl(cfg)
+    # The run stopped before any corrupted update reached the weights it exports or checkpoints.
+    assert not (tmp_path / "hf").exists()
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    for k, v in before.items():
+        torch.testing.assert_close(
+            ckpt["state_dict"][f"policy.{k}"], v, rtol=0, atol=0
+        )  # bit-identical: no step was taken
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1]  # step 1 was skipped and logged; step 2 raised
+    assert float(rows[0]["train/skipped_steps"]) == 1.0
