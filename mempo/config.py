@@ -8,6 +8,7 @@ loads. Value ranges are checked by ``check_values``. Keys repeat the keyword nam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -252,6 +253,25 @@ def check_values(cfg: DictConfig) -> None:
         raise ValueError("config key env.url is required when env.retriever=http")
     if cfg.data.source == "qa_files" and not cfg.data.train_files:
         raise ValueError("config key data.train_files is required when data.source=qa_files")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Inputs that must exist, each error naming the key (called by ``run_stage`` and ``fit_rl`` before any model
+    loads; not by ``validate_config``, so configs for another machine still compose here):
+    model.name_or_path (an embedded name, a model folder, or an owner/name hub id), env.corpus, the data files
+    of data.source=qa_files, and sft.trajectories."""
+    from mempo.models.loading import check_model_path
+
+    try:
+        check_model_path(cfg.model.name_or_path)
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"config key model.name_or_path={cfg.model.name_or_path!r}: {e}") from e
+    files = [("env.corpus", cfg.env.corpus), ("sft.trajectories", cfg.sft.trajectories)]
+    if cfg.data.source == "qa_files":
+        files += [(f"data.{k}[{i}]", f) for k in ("train_files", "val_files") for i, f in enumerate(cfg.data[k])]
+    for key, f in files:
+        if f is not None and not Path(f).is_file():
+            raise FileNotFoundError(f"config key {key}={f!r}: no such file")
 
 
 def validate_config(cfg: DictConfig) -> DictConfig:

@@ -28,8 +28,11 @@ def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictCo
 
 
 def run_stage(cfg: DictConfig) -> Any:
+    from mempo.config import check_paths
+
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
+    check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
     return STAGES[cfg.stage](cfg)
 
 
@@ -116,23 +119,34 @@ def train_rl(cfg: DictConfig) -> dict[str, Any]:
     return fit_rl(cfg)[1]
 
 
-def fit_rl(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
-    """Train with MemPO (or the configured estimator) -> (the module, the run summary)."""
+def fit_rl(cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Train with MemPO (or the configured estimator) -> (the module, the run summary).
+
+    make_sampler: module -> Sampler; default: ``sampler.backend`` over the policy (tests pass a scripted one).
+    A retriever that stays down (``RetrieverError`` after its retries) stops the run after saving the last
+    completed step (``StepCheckpoint.on_exception``); rerun with ``resume=true`` once the server is back.
+    """
     from mempo.builders import build_module, build_sampler, build_tasks, run_path
+    from mempo.config import check_paths
     from mempo.data.datamodule import TaskDataModule
     from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint
+    from mempo.rollout.retrievers import RetrieverError
 
     start = time.perf_counter()
+    check_paths(cfg)
     _seed(cfg)
     out = run_path(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    module, model_path = build_module(cfg)
+    # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
+    module, model_path = build_module(cfg)
     ckpt = StepCheckpoint(out / "checkpoints", cfg.ckpt.every_n_steps)
 
-    def make_sampler(mod: Any) -> Any:
-        return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
+    if make_sampler is None:
+
+        def make_sampler(mod: Any) -> Any:
+            return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
 
     callbacks = [
         SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every),
@@ -148,7 +162,17 @@ def fit_rl(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
             print(f"[mempo] resuming from {ckpt_path}")
         else:
             print(f"[mempo] resume=true but {ckpt.last_path} does not exist: starting from the beginning")
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    except RetrieverError as e:
+        saved = f"step {ckpt.saved_at} is saved in {ckpt.last_path}" if ckpt.saved_at >= 0 else "no checkpoint"
+        raise RetrieverError(
+            f"run stopped at step {module.batches_done + 1}: {e} ({saved}; rerun with resume=true once "
+            f"{e.url} answers)",
+            url=e.url,
+            attempts=e.attempts,
+            last_error=e.last_error,
+        ) from e
     hf = _export(module.policy, module.tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
     summary = {
         "stage": "rl",

@@ -102,6 +102,16 @@ class StepCheckpoint(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """An unreachable retriever stops the run: keep the last completed step. A retriever fails during the
+        rollout, before the step touches the weights or the optimizer, so the state is that step's. Only on a
+        single process: a save is collective under DDP and would hang if one rank alone failed (the periodic
+        checkpoint stands there)."""
+        from mempo.rollout.retrievers import RetrieverError
+
+        if isinstance(exception, RetrieverError) and trainer.world_size == 1:
+            self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
+
 
 class MetricsFile(L.Callback):
     """Appends one row per RL step (``pl_module.last_metrics`` plus ``step``) to ``metrics.csv``. On resume, rows

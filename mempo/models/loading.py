@@ -63,18 +63,28 @@ def resolve_model_path(name_or_path: str | Path, *, cache_dir: str | Path | None
     ``ValueError`` for a folder without ``config.json`` or a name that is none of these.
     """
     name = str(name_or_path)
+    check_model_path(name)
     if name in MODEL_NAMES:
         builder = _build_smollm2 if name == SMOLLM2 else _build_tiny
         return _materialize(cache_root(cache_dir) / name, builder)
+    path = Path(name).expanduser()
+    return path.resolve() if path.exists() else name
+
+
+def check_model_path(name_or_path: str | Path) -> None:
+    """Raise as ``resolve_model_path`` would for a bad name, without building or loading anything."""
+    name = str(name_or_path)
+    if name in MODEL_NAMES:
+        return
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"model path {path} is a file; expected a Hugging Face model folder")
         if not (path / "config.json").is_file():
             raise ValueError(f"model folder {path} has no config.json; is it a Hugging Face model folder?")
-        return path.resolve()
+        return
     if _HUB_ID.match(name) and not name.startswith((".", "~")):
-        return name
+        return
     raise FileNotFoundError(
         f"model {name!r} is neither an existing folder, a hub id (owner/name) nor an embedded name {MODEL_NAMES}"
     )
