@@ -1,0 +1,121 @@
+"""Bad inputs fail before any model loads, naming the key (or file and line); outputs stay inside run_dir."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mempo.builders import run_path
+from mempo.config import check_paths
+from mempo.entry import fit_rl, run_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = {"question": "Who founded Brask Holdings?", "golden_answers": ["Ann"]}
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.name_or_path=no/such/folder", "model.name_or_path"),
+        ("model.name_or_path=./missing-model", "model.name_or_path"),
+        ("model.name_or_path=not a model", "model.name_or_path"),
+        ("env.corpus=/no/such/corpus.jsonl", "env.corpus"),
+        ("sft.trajectories=/no/such/teacher.jsonl", "sft.trajectories"),
+    ],
+)
+def test_missing_paths_name_the_key(make_cfg, override, key):
+    with pytest.raises((FileNotFoundError, ValueError), match=f"config key {key}="):
+        check_paths(make_cfg(override))
+
+
+def test_missing_data_files_name_the_key_and_index(make_cfg, tmp_path):
+    good = _jsonl(tmp_path / "train.jsonl", [GOOD])
+    cfg = make_cfg("data=qa_files", f"data.train_files=[{good},{tmp_path / 'gone.jsonl'}]")
+    with pytest.raises(FileNotFoundError, match=r"config key data.train_files\[1\]=.*gone.jsonl"):
+        check_paths(cfg)
+    check_paths(make_cfg("data=qa_files", f"data.train_files=[{good}]"))  # existing files pass
+
+
+def test_model_folder_without_config_json_is_rejected(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match=r"config key model.name_or_path=.*no config.json"):
+        check_paths(make_cfg(f"model.name_or_path={tmp_path}"))
+
+
+def test_valid_model_names_pass_without_building_anything(make_cfg, mempo_cache):
+    before = sorted(p.name for p in mempo_cache.iterdir())
+    for name in ("tiny", "smollm2-135m-instruct", "Qwen/Qwen2.5-7B-Instruct"):
+        check_paths(make_cfg(f"model.name_or_path={name}"))
+    assert sorted(p.name for p in mempo_cache.iterdir()) == before  # checking never materializes a model
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([GOOD, "{broken"], r"train.jsonl, line 2: broken JSON line"),
+        ([GOOD, {"question": "who?"}], r"train.jsonl, line 2: key 'golden_answers': missing"),
+        ([{"question": "who?", "golden_answers": []}], r"line 1: key 'golden_answers': .*empty list"),
+        ([{"question": 3, "golden_answers": ["x"]}], r"line 1: key 'question': expected a string"),
+        ([], r"train.jsonl: no questions"),
+    ],
+)
+def test_bad_training_data_fails_before_the_model_loads(make_cfg, tmp_path, monkeypatch, rows, message):
+    """fit_rl reads the data before it builds the model: the (fresh) model cache stays empty."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MEMPO_CACHE", str(cache))
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    cfg = make_cfg("model=tiny", "sampler=hf", "data=qa_files", f"data.train_files=[{train}]", f"run_dir={tmp_path}/r")
+    with pytest.raises(ValueError, match=message):
+        fit_rl(cfg)
+    assert list(cache.iterdir()) == []
+
+
+def test_run_stage_checks_paths_first(make_cfg, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MEMPO_CACHE", str(cache))
+    cfg = make_cfg("stage=sft", "model=tiny", "sft.trajectories=/no/such.jsonl", f"run_dir={tmp_path}/r")
+    with pytest.raises(FileNotFoundError, match="config key sft.trajectories="):
+        run_stage(cfg)
+    assert list(cache.iterdir()) == [] and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("parts", [("..", "elsewhere"), ("/tmp/abs",), ("a", "..", "..", "b")])
+def test_run_path_refuses_to_escape_run_dir(make_cfg, tmp_path, parts):
+    cfg = make_cfg(f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(ValueError, match="escapes run_dir"):
+        run_path(cfg, *parts)
+    assert run_path(cfg, "a", "..", "b") == tmp_path / "run" / "b"
+    assert run_path(cfg) == tmp_path / "run"
+
+
+def test_cli_bad_model_path_fails_naming_the_key_and_writes_only_into_run_dir(tmp_path):
+    """Hydra's own outputs (.hydra/, the job log) go to run_dir, not to the working directory."""
+    cwd, run = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "run.py"),
+            "stage=rl",
+            "model.name_or_path=./no-model",
+            f"run_dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**__import__("os").environ, "MEMPO_CACHE": str(tmp_path / "cache")},
+    )
+    assert out.returncode != 0
+    assert "config key model.name_or_path='./no-model'" in out.stderr
+    assert list(cwd.iterdir()) == []
+    assert (run / ".hydra" / "config.yaml").is_file()
+    assert not (tmp_path / "cache").exists()  # no model was built
