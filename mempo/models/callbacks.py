@@ -92,6 +92,12 @@ class StepCheckpoint(L.Callback):
             os.replace(tmp, self.last_path)
         self.saved_at = step
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A process killed mid-save leaves its half-written temporary file (as large as a checkpoint); never read.
+        if trainer.is_global_zero and self.dirpath.is_dir():
+            for stale in self.dirpath.glob(".last.ckpt.tmp*"):
+                stale.unlink(missing_ok=True)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
