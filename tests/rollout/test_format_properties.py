@@ -165,3 +165,28 @@ def test_mask_selects_tokens_overlapping_memory(smollm2_tokenizer, reference_off
     for include_tags, span in ((True, parsed.mem_span), (False, parsed.mem_inner_span)):
         expected = [e > s and s < span[1] and e > span[0] for s, e in offsets]
         torch.testing.assert_close(mem_token_mask(offsets, parsed, include_tags=include_tags), torch.tensor(expected))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_masks_agree_with_the_text_on_malformed_turns(smollm2_tokenizer, data):
+    """Any turn, malformed included, through a real tokenization: the mask is exactly the tokens touching the
+    parsed memory span (all False when there is none), and the masked tokens' text covers that span."""
+    tok, tags = smollm2_tokenizer, Tags()
+    text_in = data.draw(st.one_of(mutated_turn(tags), tag_soup(tags)))
+    ids = tok.encode(text_in)
+    text, offsets = decode_with_offsets(ids, tok)
+    assume(text == text_in)  # control bytes missing from the vocabulary, or text spelling a special token
+    parsed = check_verdict(text, tags, None)
+    for include_tags, span in ((True, parsed.mem_span), (False, parsed.mem_inner_span)):
+        mask = mem_token_mask(offsets, parsed, include_tags=include_tags)
+        assert mask.shape == (len(ids),) and mask.dtype == torch.bool
+        if span is None:
+            assert not mask.any()
+            continue
+        event("memory span found")
+        expected = [e > s and s < span[1] and e > span[0] for s, e in offsets]
+        torch.testing.assert_close(mask, torch.tensor(expected, dtype=torch.bool))
+        covered = [(s, e) for (s, e), m in zip(offsets, mask.tolist()) if m]
+        if span[1] > span[0]:
+            assert covered[0][0] <= span[0] and covered[-1][1] >= span[1]
