@@ -169,7 +169,7 @@ class EvalSchema:
     objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
     agents: list[str] = field(default_factory=lambda: ["memory", "full_history"])
     greedy: bool = True
-    checkpoints: dict[str, str] = field(default_factory=dict)  # label -> HF folder; empty = model.name_or_path
+    checkpoints: dict[str, str] | None = None  # label -> HF folder; null = model.name_or_path
     every_n_steps: int = 0  # in-training validation on data.num_val_tasks val tasks every k RL steps; 0 = off
     max_trajectories: int = 8  # sample trajectories per checkpoint x agent x N in the W&B table
 

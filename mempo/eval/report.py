@@ -156,7 +156,10 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
         ax.fill_between(turns, lo, hi, color=colors[ckpt], alpha=0.15)
     if not groups:
         ax.text(0.5, 0.5, "no well-formed memories were written", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("turn (1 = first memory)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("turn that wrote the memory")
     ax.set_ylabel("P(gold answer | question, memory)")
     ax.set_title("Memory quality by turn: mean, shaded 25-75% (Eq. 4)")
     ax.grid(alpha=0.3)
