@@ -170,6 +170,9 @@ class EvalSchema:
     objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
     agents: list[str] = field(default_factory=lambda: ["memory", "full_history"])
     greedy: bool = True
+    checkpoints: dict[str, str] | None = None  # label -> HF folder; null = model.name_or_path
+    every_n_steps: int = 0  # in-training validation on data.num_val_tasks val tasks every k RL steps; 0 = off
+    max_trajectories: int = 8  # sample trajectories per checkpoint x agent x N in the W&B table
 
 
 @dataclass
@@ -245,6 +248,14 @@ def check_values(cfg: DictConfig) -> None:
         ("sft.lr", cfg.sft.lr > 0.0, "must be > 0"),
         ("sft.num_tasks", cfg.sft.num_tasks >= 1, "must be >= 1"),
         ("eval.num_tasks", cfg.eval.num_tasks >= 1, "must be >= 1"),
+        ("eval.objectives", len(cfg.eval.objectives) > 0 and min(cfg.eval.objectives) >= 1, "must be >= 1 each"),
+        (
+            "eval.agents",
+            len(cfg.eval.agents) > 0 and set(cfg.eval.agents) <= set(CONTEXT_MODES),
+            f"must be a non-empty subset of {list(CONTEXT_MODES)}",
+        ),
+        ("eval.every_n_steps", cfg.eval.every_n_steps >= 0, "must be >= 0"),
+        ("data.num_val_tasks", cfg.data.num_val_tasks >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
         if not ok:

@@ -129,7 +129,7 @@ def fit_rl(cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None)
     from mempo.builders import build_module, build_sampler, build_tasks, run_path
     from mempo.config import check_paths
     from mempo.data.datamodule import TaskDataModule
-    from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint
+    from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint, ValidationCallback
     from mempo.rollout.retrievers import RetrieverError
 
     start = time.perf_counter()
@@ -148,11 +148,11 @@ def fit_rl(cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None)
         def make_sampler(mod: Any) -> Any:
             return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
 
-    callbacks = [
-        SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every),
-        MetricsFile(out / "metrics.csv"),
-        ckpt,
-    ]
+    callbacks: list[Any] = [SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every)]
+    if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
+        val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
+        callbacks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
+    callbacks += [MetricsFile(out / "metrics.csv"), ckpt]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
     trainer = _trainer(cfg, out, callbacks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
     ckpt_path = None
@@ -241,23 +241,13 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
-    head = "| " + " | ".join(cols) + " |"
-    sep = "| " + " | ".join("---" for _ in cols) + " |"
-    body = ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
 @stage("demo")
 def demo(cfg: DictConfig) -> dict[str, Any]:
     """The embedded default end to end: warm start (skipped when its checkpoint exists), MemPO RL from it, then a
     greedy evaluation of both on held-out tasks, with a summary table."""
     from mempo.builders import build_agent_config, build_builder, build_env, build_eval_sampler, build_tasks, run_path
     from mempo.eval.evaluate import evaluate_agent
+    from mempo.eval.report import markdown_table
     from mempo.models.loading import load_tokenizer
 
     start = time.perf_counter()
@@ -295,7 +285,7 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
         rows.append({"model": label, **{k.split("/")[1]: v for k, v in metrics.items()}})
     phases["eval_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
-    table = _table(rows, ["model", "em", "f1", "reward", "format_fail", "turns", "tt", "pt"])
+    table = markdown_table(rows, ["model", "em", "f1", "reward", "format_fail", "turns", "tt", "pt"])
     summary = {
         "stage": "demo",
         "phases": phases,

@@ -11,12 +11,13 @@ from __future__ import annotations
 import csv
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 
+from mempo.data.tasks import Task
 from mempo.rollout.sampler import Sampler
 
 
@@ -158,3 +159,38 @@ class MetricsFile(L.Callback):
             writer.writeheader()
             writer.writerows(all_rows)
         os.replace(tmp, self.path)
+
+
+class ValidationCallback(L.Callback):
+    """Every ``every_n_steps`` RL steps: one greedy rollout per task of a fixed val set through the module's own
+    sampler (after SamplerCallback pushed the new weights), logged as val/em, val/f1, val/tt, val/pt, ... and
+    merged into ``pl_module.last_metrics`` (so MetricsFile writes them; place this callback before it)."""
+
+    def __init__(self, tasks: Sequence[Task], every_n_steps: int, *, reward_kind: str = "all_em") -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"eval.every_n_steps must be >= 1 for validation, got {every_n_steps}")
+        if not tasks:
+            raise ValueError("validation needs at least one task (data.num_val_tasks)")
+        self.tasks = list(tasks)
+        self.every_n_steps = every_n_steps
+        self.reward_kind = reward_kind
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        from mempo.eval.evaluate import evaluate_agent
+
+        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        if step % self.every_n_steps != 0:
+            return
+        metrics, _ = evaluate_agent(
+            pl_module.sampler,
+            pl_module.env,
+            self.tasks,
+            pl_module.builder,
+            pl_module.agent,
+            reward_kind=self.reward_kind,
+            greedy=True,
+        )
+        pl_module.last_metrics.update(metrics)
+        pl_module.log_dict(metrics, on_step=True, batch_size=len(self.tasks))

@@ -1,0 +1,194 @@
+"""Checkpoints x agents x objectives on the same tasks: the grid behind ``experiments/eval.py``.
+
+For every N in ``eval.objectives`` the val tasks are built once and shared by every checkpoint and agent, so rows
+of the table differ only in the policy and in the context mode (memory = MemPO's context reset, full_history = the
+ReAct baseline). Each rollout's memories are scored with the checkpoint's own policy, P(ans | q, m) of Eq. 4,
+which is the memory analysis of mempo.md §2 (MemPO's memory advantage should shift it upward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mempo.data.tasks import Task
+from mempo.eval.evaluate import evaluate_agent
+from mempo.models.scoring import answer_probabilities
+from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, Trajectory
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.sampler import Sampler
+
+METRICS = ("em", "f1", "reward", "format_fail", "turns", "tt", "pt")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Config group ``eval`` (the parts the grid needs) and ``reward.kind``."""
+
+    objectives: tuple[int, ...] = (1, 2, 4, 6, 8, 10)
+    agents: tuple[str, ...] = ("memory", "full_history")
+    greedy: bool = True
+    reward_kind: str = "all_em"
+
+
+@dataclass
+class GridResult:
+    """rows: one per agent x N (checkpoint, agent, objectives, tasks, METRICS); records: one per rollout
+    (``trajectory_record``); p_ans: one per scored memory (checkpoint, agent, objectives, task_id, turn, p_ans)."""
+
+    rows: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    p_ans: list[dict[str, Any]]
+
+
+def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
+    """One rollout as a JSON-able dict: ``keys`` (checkpoint, agent, objectives), the task, the outcome, TT/PT and
+    every turn's memory, action and argument."""
+    n_obj = max(len(traj.scores), 1)
+    return {
+        **keys,
+        "task_id": traj.task.task_id,
+        "question": traj.task.question,
+        "gold": traj.task.gold,
+        "answer": traj.answer,
+        "em": sum(s[0] for s in traj.scores) / n_obj,
+        "f1": sum(s[1] for s in traj.scores) / n_obj,
+        "reward": traj.reward,
+        "finish": traj.finish,
+        "error": traj.error,
+        "turns": len(traj.turns),
+        "tt": traj.total_tokens,
+        "pt": traj.peak_tokens,
+        "trace": [
+            {
+                "turn": t.turn_id,
+                "ok": t.parsed.ok,
+                "memory": t.parsed.memory,
+                "action": t.parsed.action,
+                "argument": t.parsed.argument,
+                "context_tokens": t.context_tokens,
+                "generated_tokens": t.generated_tokens,
+            }
+            for t in traj.turns
+        ],
+    }
+
+
+def memory_p_ans(
+    policy: torch.nn.Module, builder: PromptBuilder, batch: RolloutBatch, *, pad_id: int, micro_batch_size: int = 8
+) -> list[dict[str, Any]]:
+    """P(ans | q, m) (Eq. 4) of every memory a well-formed turn wrote, scored by ``policy``.
+
+    -> [{"traj_id", "task_id", "turn", "p_ans"}], in rollout then turn order.
+    """
+    found = [(traj, s) for traj in batch.trajectories for s in traj.turns if s.parsed.ok and bool(s.parsed.memory)]
+    prompts = [builder.scoring_prompt(traj.task.question, s.parsed.memory) for traj, s in found]
+    answers = [builder.answer_ids(traj.task.gold) for traj, _ in found]
+    p = answer_probabilities(policy, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
+    return [
+        {"traj_id": traj.traj_id, "task_id": traj.task.task_id, "turn": s.turn_id, "p_ans": float(v)}
+        for (traj, s), v in zip(found, p.tolist())
+    ]
+
+
+def evaluate_grid(
+    sampler: Sampler,
+    env: Env,
+    builder: PromptBuilder,
+    tasks_by_n: Mapping[int, Sequence[Task]],
+    agent: AgentConfig,
+    spec: EvalSpec,
+    *,
+    checkpoint: str,
+    policy: torch.nn.Module | None = None,
+    pad_id: int = 0,
+) -> GridResult:
+    """Every agent in ``spec.agents`` on every task set of ``tasks_by_n`` (one rollout per task), with ``sampler``.
+
+    ``policy`` (the sampler's weights as a HF model) scores each memory; None skips the memory analysis.
+    """
+    out = GridResult([], [], [])
+    for n, tasks in tasks_by_n.items():
+        for context in spec.agents:
+            keys = {"checkpoint": checkpoint, "agent": context, "objectives": n}
+            metrics, batch = evaluate_agent(
+                sampler,
+                env,
+                tasks,
+                builder,
+                replace(agent, context=context),
+                reward_kind=spec.reward_kind,
+                greedy=spec.greedy,
+            )
+            out.rows.append({**keys, "tasks": len(tasks), **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
+            records = [trajectory_record(t, **keys) for t in batch.trajectories]
+            if policy is not None:
+                scored = memory_p_ans(policy, builder, batch, pad_id=pad_id)
+                by_turn = {(r["traj_id"], r["turn"]): r["p_ans"] for r in scored}
+                for traj, rec in zip(batch.trajectories, records):
+                    for step in rec["trace"]:
+                        step["p_ans"] = by_turn.get((traj.traj_id, step["turn"]))
+                out.p_ans.extend({**keys, **{k: r[k] for k in ("task_id", "turn", "p_ans")}} for r in scored)
+            out.records.extend(records)
+    return out
+
+
+def checkpoint_folders(cfg: Any) -> dict[str, str]:
+    """``eval.checkpoints`` (label -> folder), or {basename of model.name_or_path: model.name_or_path}."""
+    if cfg.eval.checkpoints:
+        return {str(k): str(v) for k, v in cfg.eval.checkpoints.items()}
+    name = str(cfg.model.name_or_path)
+    return {Path(name).name or name: name}
+
+
+def run_eval(cfg: Any) -> dict[str, Any]:
+    """``experiments/eval.py``: the grid for every checkpoint, then ``<run_dir>/eval/`` (see ``write_report``).
+
+    -> {"rows", "out", "files"}.
+    """
+    from mempo.builders import build_agent_config, build_builder, build_env, build_sampler, build_tasks, run_path
+    from mempo.eval.report import log_to_wandb, write_report
+    from mempo.models.loading import load_policy, resolve_model_path
+
+    out = run_path(cfg, "eval")
+    spec = EvalSpec(
+        objectives=tuple(cfg.eval.objectives),
+        agents=tuple(cfg.eval.agents),
+        greedy=cfg.eval.greedy,
+        reward_kind=cfg.reward.kind,
+    )
+    tasks_by_n = {n: build_tasks(cfg, "val", num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
+    agent = build_agent_config(cfg, greedy=cfg.eval.greedy)
+    total = GridResult([], [], [])
+    for label, name in checkpoint_folders(cfg).items():
+        folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
+        print(f"[mempo] eval: {label} ({folder}) on N = {list(spec.objectives)}, agents {list(spec.agents)}")
+        policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        sampler = build_sampler(cfg, folder, policy, tokenizer)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        try:
+            res = evaluate_grid(
+                sampler,
+                build_env(cfg, tokenizer),
+                build_builder(cfg, tokenizer),
+                tasks_by_n,
+                agent,
+                spec,
+                checkpoint=label,
+                policy=policy,
+                pad_id=pad_id,
+            )
+        finally:
+            sampler.shutdown()
+        total.rows += res.rows
+        total.records += res.records
+        total.p_ans += res.p_ans
+        del policy
+    files = write_report(out, total, num_tasks=cfg.eval.num_tasks)
+    if cfg.logger.kind == "wandb":
+        log_to_wandb(cfg, total, files)
+    return {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}

@@ -1,0 +1,231 @@
+"""What an evaluation leaves in ``<run_dir>/eval/``: results.jsonl, table.md/csv, memory_p_ans.csv and figures.
+
+Figures are drawn with matplotlib's Agg backend (no display) and label everything a reader needs: axes, units,
+one legend entry per checkpoint x agent, and the number of tasks behind each point.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+TABLE_COLUMNS = ["checkpoint", "agent", "objectives", "tasks", "em", "f1", "reward", "format_fail", "turns", "tt", "pt"]
+P_ANS_COLUMNS = ["checkpoint", "agent", "objectives", "task_id", "turn", "p_ans"]
+AGENT_LABELS = {"memory": "memory (MemPO)", "full_history": "full history (ReAct)"}
+AGENT_STYLES = {"memory": "-", "full_history": "--"}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    """A GitHub markdown table of ``rows`` (floats to 3 decimals)."""
+    head = "| " + " | ".join(cols) + " |"
+    sep = "| " + " | ".join("---" for _ in cols) + " |"
+    body = ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def _series(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(checkpoint, agent) -> its rows sorted by N, in first-seen order."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((r["checkpoint"], r["agent"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["objectives"]) for k, v in out.items()}
+
+
+def _colors(rows: list[dict[str, Any]]) -> dict[str, str]:
+    ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    return {c: f"C{i % 10}" for i, c in enumerate(ckpts)}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
+    """F1 vs N, one line per checkpoint x agent."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    colors = _colors(rows)
+    for (ckpt, agent), rs in _series(rows).items():
+        ax.plot(
+            [r["objectives"] for r in rs],
+            [r["f1"] for r in rs],
+            AGENT_STYLES.get(agent, ":"),
+            marker="o",
+            color=colors[ckpt],
+            label=f"{ckpt} / {AGENT_LABELS.get(agent, agent)}",
+        )
+    ax.set_xlabel("objectives per task (N)")
+    ax.set_ylabel("F1 (mean over objectives and tasks)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xticks(sorted({r["objectives"] for r in rows}))
+    ax.set_title(f"Answer F1 vs number of objectives ({num_tasks} tasks per N, greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
+    """TT and PT vs N side by side, one line per checkpoint x agent."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    colors = _colors(rows)
+    panels = (
+        ("tt", "TT: all tokens processed per task\n(every prompt + every generation)"),
+        ("pt", "PT: peak tokens of one turn\n(its context + its generation)"),
+    )
+    for ax, (key, ylabel) in zip(axes, panels):
+        for (ckpt, agent), rs in _series(rows).items():
+            ax.plot(
+                [r["objectives"] for r in rs],
+                [r[key] for r in rs],
+                AGENT_STYLES.get(agent, ":"),
+                marker="o",
+                color=colors[ckpt],
+                label=f"{ckpt} / {AGENT_LABELS.get(agent, agent)}",
+            )
+        ax.set_xlabel("objectives per task (N)")
+        ax.set_ylabel(f"{ylabel}, tokens (mean)")
+        ax.set_xticks(sorted({r["objectives"] for r in rows}))
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Total tokens (TT) vs N")
+    axes[1].set_title("Peak tokens (PT) vs N")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Token cost vs number of objectives ({num_tasks} tasks per N, greedy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def p_ans_by_turn(p_ans: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, list[float]]]:
+    """(checkpoint, agent) -> turn -> the P(ans | q, m) of every memory written at that turn (all N pooled)."""
+    out: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in p_ans:
+        out[(r["checkpoint"], r["agent"])][int(r["turn"])].append(float(r["p_ans"]))
+    return out
+
+
+def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
+    """Mean P(ans | q, m) by turn with the interquartile range shaded, one line per checkpoint x agent."""
+    import numpy as np
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    groups = p_ans_by_turn(p_ans)
+    colors = _colors([{"checkpoint": c} for c, _ in groups])
+    for (ckpt, agent), by_turn in groups.items():
+        turns = sorted(by_turn)
+        vals = [np.asarray(by_turn[t]) for t in turns]
+        mean = [v.mean() for v in vals]
+        lo, hi = [np.quantile(v, 0.25) for v in vals], [np.quantile(v, 0.75) for v in vals]
+        count = sum(len(v) for v in vals)
+        label = f"{ckpt} / {AGENT_LABELS.get(agent, agent)} ({count} memories)"
+        style = AGENT_STYLES.get(agent, ":")
+        ax.plot(turns, mean, style, marker="o", color=colors[ckpt], label=label)
+        ax.fill_between(turns, lo, hi, color=colors[ckpt], alpha=0.15)
+    if not groups:
+        ax.text(0.5, 0.5, "no well-formed memories were written", ha="center", va="center", transform=ax.transAxes)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("turn that wrote the memory")
+    ax.set_ylabel("P(gold answer | question, memory)")
+    ax.set_title("Memory quality by turn: mean, shaded 25-75% (Eq. 4)")
+    ax.grid(alpha=0.3)
+    if groups:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
+    """``result`` (a ``GridResult``) -> files in ``out``; returns name -> path."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "results": out / "results.jsonl",
+        "table_md": out / "table.md",
+        "table_csv": out / "table.csv",
+        "memory_p_ans": out / "memory_p_ans.csv",
+    }
+    _atomic(files["results"], "".join(json.dumps(r, default=str) + "\n" for r in result.records))
+    _atomic(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
+    _write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
+    _write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
+    files["f1_vs_objectives"] = plot_f1(result.rows, out / "f1_vs_objectives.png", num_tasks=num_tasks)
+    files["tokens_vs_objectives"] = plot_tokens(result.rows, out / "tokens_vs_objectives.png", num_tasks=num_tasks)
+    files["p_ans_by_turn"] = plot_p_ans(result.p_ans, out / "p_ans_by_turn.png")
+    return files
+
+
+def log_to_wandb(cfg: Any, result: Any, files: dict[str, Path]) -> None:
+    """The table, sample trajectories (question, memories per turn, answer, reward) and the figures, into a W&B
+    run named ``<name>-eval`` (offline unless an API key is configured, as for training)."""
+    import wandb
+
+    mode = cfg.logger.mode
+    if mode is None:
+        mode = "online" if os.environ.get("WANDB_API_KEY") else os.environ.get("WANDB_MODE", "offline")
+    run = wandb.init(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        dir=str(files["results"].parent),
+        mode=mode,
+        name=f"{cfg.name}-eval",
+        tags=[*cfg.logger.tags, "eval"],
+        job_type="eval",
+        reinit="finish_previous",
+    )
+    try:
+        table = wandb.Table(columns=TABLE_COLUMNS, data=[[r[c] for c in TABLE_COLUMNS] for r in result.rows])
+        traj_cols = ["checkpoint", "agent", "objectives", "task_id", "question", "memories", "answer", "gold", "reward"]
+        taken: dict[tuple, int] = defaultdict(int)
+        samples = []
+        for r in result.records:
+            key = (r["checkpoint"], r["agent"], r["objectives"])
+            if taken[key] >= cfg.eval.max_trajectories:
+                continue
+            taken[key] += 1
+            mems = "\n".join(f"[{s['turn']}] {s['memory']}" for s in r["trace"] if s["memory"])
+            samples.append([*(r[c] for c in traj_cols[:5]), mems, r["answer"], r["gold"], r["reward"]])
+        run.log(
+            {
+                "eval/table": table,
+                "eval/trajectories": wandb.Table(columns=traj_cols, data=samples),
+                **{f"eval/{k}": wandb.Image(str(p)) for k, p in files.items() if p.suffix == ".png"},
+            }
+        )
+    finally:
+        run.finish()

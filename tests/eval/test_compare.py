@@ -1,0 +1,152 @@
+"""The evaluation grid on scripted trajectories (exact token accounting, memory scoring) and the report files.
+
+``ScriptedSampler`` answers each prompt with a chosen well-formed turn: a random tiny model never writes one, and
+what is under test is the accounting and the report, not the model. The tiny model still scores the memories.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+
+import pytest
+from torch.testing import assert_close
+
+from mempo.data.tasks import Question, Task
+from mempo.eval.compare import EvalSpec, evaluate_grid
+from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS, write_report
+from mempo.models.scoring import answer_probabilities
+from mempo.rollout.agent import AgentConfig
+from mempo.rollout.env import SearchEnv
+from mempo.rollout.format import Tags, format_turn
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.retrievers import BM25Retriever, Passage
+from mempo.rollout.sampler import Generation, SamplingConfig
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CORPUS = [
+    Passage("1", '"Velorin Oskatu"\nVelorin Oskatu works for Brask Holdings.'),
+    Passage("2", '"Brask Holdings"\nBrask Holdings was founded in 1931 in Lisbara.'),
+    Passage("3", '"Ometh Works"\nOmeth Works is based in Raitukrum.'),
+]
+TASK_1 = Task("t1", (Question("When was Brask Holdings founded?", ("1931",)),))
+TASK_2 = Task(
+    "t2",
+    (Question("Who employs Velorin Oskatu?", ("Brask Holdings",)), Question("Where is Ometh Works?", ("Raitukrum",))),
+)
+
+
+def script(text: str) -> str:
+    """An agent that answers TASK_1 after one search and TASK_2 after two."""
+    if "When was Brask" in text:
+        if "(Title:" not in text:
+            return format_turn("Q1: need Brask Holdings.", "search it", "search", "Brask Holdings")
+        return format_turn("Q1: 1931.", "done", "answer", "1931")
+    if "Ometh Works is based" in text:
+        return format_turn("Q1: Brask Holdings. Q2: Raitukrum.", "done", "answer", "Brask Holdings; Raitukrum")
+    if "works for Brask" in text:
+        return format_turn("Q1: Brask Holdings. Q2: need Ometh Works.", "next Q2", "search", "Ometh Works")
+    return format_turn("Q1: need Velorin Oskatu.", "search Q1", "search", "Velorin Oskatu")
+
+
+class ScriptedSampler:
+    """Answers each prompt with ``script``; records (prompt length, generation length) of every turn in order."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.turns: list[tuple[int, int]] = []
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Generation]]:
+        out = []
+        for p in prompts:
+            ids = self.tokenizer(script(self.tokenizer.decode(list(p))), add_special_tokens=False)["input_ids"]
+            self.turns.append((len(p), len(ids)))
+            out.append([Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text="")])
+        return out
+
+    def push_weights(self, state_dict) -> None: ...
+    def sleep(self) -> None: ...
+    def wake(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_path):
+    from mempo.models.loading import load_policy
+
+    policy, tok = load_policy(tiny_path)
+    builder = PromptBuilder(tok, Tags())
+    sampler = ScriptedSampler(tok)
+    env = SearchEnv(BM25Retriever(CORPUS), tok, topk=1, max_passage_tokens=32)
+    agent = AgentConfig(max_turns=4, sampling=SamplingConfig(max_new_tokens=64, temperature=1.0))
+    spec = EvalSpec(objectives=(1, 2), agents=("memory", "full_history"))
+    grid = evaluate_grid(
+        sampler, env, builder, {1: [TASK_1], 2: [TASK_2]}, agent, spec, checkpoint="scripted", policy=policy,
+        pad_id=tok.pad_token_id,
+    )  # fmt: skip
+    return grid, sampler, policy, builder
+
+
+def test_token_accounting_matches_the_turns_the_sampler_saw(scripted):
+    grid, sampler, _, _ = scripted
+    # One task per N: the sampler saw each rollout's turns in order (N=1 memory, N=1 full, N=2 memory, N=2 full).
+    assert [(r["objectives"], r["agent"]) for r in grid.records] == [
+        (1, "memory"), (1, "full_history"), (2, "memory"), (2, "full_history"),
+    ]  # fmt: skip
+    pos = 0
+    for rec in grid.records:
+        turns = sampler.turns[pos : pos + rec["turns"]]
+        pos += rec["turns"]
+        assert rec["tt"] == sum(p + g for p, g in turns)
+        assert rec["pt"] == max(p + g for p, g in turns)
+        assert [s["context_tokens"] for s in rec["trace"]] == [p for p, _ in turns]
+    assert pos == len(sampler.turns)
+    by = {(r["objectives"], r["agent"]): r for r in grid.records}
+    assert [s["action"] for s in by[(2, "memory")]["trace"]] == ["search", "search", "answer"]
+    assert by[(2, "memory")]["trace"][1]["memory"] == "Q1: Brask Holdings. Q2: need Ometh Works."
+    for rec in grid.records:
+        assert (rec["em"], rec["f1"], rec["reward"], rec["finish"]) == (1.0, 1.0, 1.0, "answer")
+    # Same turns, same generations: the full history's last prompt holds every earlier turn, the memory's does not.
+    assert by[(2, "full_history")]["pt"] > by[(2, "memory")]["pt"]
+    assert by[(2, "full_history")]["tt"] > by[(2, "memory")]["tt"]
+    rows = {(r["objectives"], r["agent"]): r for r in grid.rows}
+    for key, rec in by.items():
+        assert (rows[key]["tt"], rows[key]["pt"], rows[key]["turns"]) == (rec["tt"], rec["pt"], rec["turns"])
+
+
+def test_every_memory_is_scored_with_the_policy(scripted):
+    grid, _, policy, builder = scripted
+    expected = [(rec, s) for rec in grid.records for s in rec["trace"] if s["memory"]]
+    assert len(grid.p_ans) == len(expected) == 2 * 2 + 2 * 3
+    for row, (rec, step) in zip(grid.p_ans, expected):
+        assert (row["task_id"], row["turn"], row["agent"]) == (rec["task_id"], step["turn"], rec["agent"])
+        alone = answer_probabilities(
+            policy,
+            [builder.scoring_prompt(rec["question"], step["memory"])],
+            [builder.answer_ids(rec["gold"])],
+            pad_id=0,
+        )
+        assert_close(row["p_ans"], float(alone[0]))
+        assert step["p_ans"] == row["p_ans"]
+        assert 0.0 < row["p_ans"] <= 1.0
+
+
+def test_report_files(scripted, tmp_path):
+    grid, _, _, _ = scripted
+    files = write_report(tmp_path, grid, num_tasks=1)
+    lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert lines == json.loads(json.dumps(grid.records))
+    table = list(csv.DictReader((tmp_path / "table.csv").open()))
+    assert list(table[0]) == TABLE_COLUMNS and len(table) == 4
+    for row in table:
+        recs = [r for r in lines if (r["agent"], r["objectives"]) == (row["agent"], int(row["objectives"]))]
+        for key in ("tt", "pt", "turns", "f1"):
+            assert float(row[key]) == pytest.approx(sum(r[key] for r in recs) / len(recs))
+    md = (tmp_path / "table.md").read_text().splitlines()
+    assert md[0] == "| " + " | ".join(TABLE_COLUMNS) + " |" and len(md) == 2 + 4
+    p_rows = list(csv.DictReader((tmp_path / "memory_p_ans.csv").open()))
+    assert list(p_rows[0]) == P_ANS_COLUMNS and len(p_rows) == len(grid.p_ans)
+    for name in ("f1_vs_objectives", "tokens_vs_objectives", "p_ans_by_turn"):
+        data = files[name].read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, name
