@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 STAGES: dict[str, Callable[[DictConfig], Any]] = {}
+
+# Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
+# update) by the module itself; batches are lists of tasks, which the module keeps on the host on purpose.
+for _message in (
+    r".*module\(s\) in eval mode at the start of training.*",
+    r".*overridden `transfer_batch_to_device`.*",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+):
+    warnings.filterwarnings("ignore", message=_message)
 
 
 def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictConfig], Any]]:
