@@ -1,74 +1,29 @@
 """The evaluation grid on scripted trajectories (exact token accounting, memory scoring) and the report files.
 
-``ScriptedSampler`` answers each prompt with a chosen well-formed turn: a random tiny model never writes one, and
-what is under test is the accounting and the report, not the model. The tiny model still scores the memories.
+``ScriptedSampler`` (tests/scripted.py) writes the turns: what is under test is the accounting and the report, not
+the model. The tiny model still scores the memories.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
 
 import pytest
+from scripted import CORPUS, TASK, TASK_B, ScriptedSampler
 from torch.testing import assert_close
 
-from mempo.data.tasks import Question, Task
 from mempo.eval.compare import EvalSpec, evaluate_grid
 from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS, write_report
 from mempo.models.scoring import answer_probabilities
 from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags, format_turn
+from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
-from mempo.rollout.retrievers import BM25Retriever, Passage
-from mempo.rollout.sampler import Generation, SamplingConfig
+from mempo.rollout.retrievers import BM25Retriever
+from mempo.rollout.sampler import SamplingConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CORPUS = [
-    Passage("1", '"Velorin Oskatu"\nVelorin Oskatu works for Brask Holdings.'),
-    Passage("2", '"Brask Holdings"\nBrask Holdings was founded in 1931 in Lisbara.'),
-    Passage("3", '"Ometh Works"\nOmeth Works is based in Raitukrum.'),
-]
-TASK_1 = Task("t1", (Question("When was Brask Holdings founded?", ("1931",)),))
-TASK_2 = Task(
-    "t2",
-    (Question("Who employs Velorin Oskatu?", ("Brask Holdings",)), Question("Where is Ometh Works?", ("Raitukrum",))),
-)
-
-
-def script(text: str) -> str:
-    """An agent that answers TASK_1 after one search and TASK_2 after two."""
-    if "When was Brask" in text:
-        if "(Title:" not in text:
-            return format_turn("Q1: need Brask Holdings.", "search it", "search", "Brask Holdings")
-        return format_turn("Q1: 1931.", "done", "answer", "1931")
-    if "Ometh Works is based" in text:
-        return format_turn("Q1: Brask Holdings. Q2: Raitukrum.", "done", "answer", "Brask Holdings; Raitukrum")
-    if "works for Brask" in text:
-        return format_turn("Q1: Brask Holdings. Q2: need Ometh Works.", "next Q2", "search", "Ometh Works")
-    return format_turn("Q1: need Velorin Oskatu.", "search Q1", "search", "Velorin Oskatu")
-
-
-class ScriptedSampler:
-    """Answers each prompt with ``script``; records (prompt length, generation length) of every turn in order."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.turns: list[tuple[int, int]] = []
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Generation]]:
-        out = []
-        for p in prompts:
-            ids = self.tokenizer(script(self.tokenizer.decode(list(p))), add_special_tokens=False)["input_ids"]
-            self.turns.append((len(p), len(ids)))
-            out.append([Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text="")])
-        return out
-
-    def push_weights(self, state_dict) -> None: ...
-    def sleep(self) -> None: ...
-    def wake(self) -> None: ...
-    def shutdown(self) -> None: ...
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +37,7 @@ def scripted(tiny_path):
     agent = AgentConfig(max_turns=4, sampling=SamplingConfig(max_new_tokens=64, temperature=1.0))
     spec = EvalSpec(objectives=(1, 2), agents=("memory", "full_history"))
     grid = evaluate_grid(
-        sampler, env, builder, {1: [TASK_1], 2: [TASK_2]}, agent, spec, checkpoint="scripted", policy=policy,
+        sampler, env, builder, {1: [TASK_B], 2: [TASK]}, agent, spec, checkpoint="scripted", policy=policy,
         pad_id=tok.pad_token_id,
     )  # fmt: skip
     return grid, sampler, policy, builder

@@ -1,74 +1,23 @@
 """The agent loop: context reset vs full history, batching, exact token ids, masks, format failures, token counts.
 
-Loop-logic tests drive the loop with ``ScriptedSampler``, a Sampler that answers each prompt with a chosen turn
-text: a real model cannot be made to write specific well-formed and malformed turns on cue, and what is under test
-here is the loop, not the model. The real SmolLM2 through vLLM runs the same loop in the slow test at the bottom.
+Loop-logic tests drive the loop with ``ScriptedSampler`` (tests/scripted.py says why); the real SmolLM2 through
+vLLM runs the same loop in the slow test at the bottom.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 import pytest
 import torch
+from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
 
-from mempo.data.tasks import Question, Task
 from mempo.rollout.agent import AgentConfig, collect, rollout_metrics
 from mempo.rollout.env import SearchEnv
 from mempo.rollout.format import Tags, format_turn
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever, Passage
-from mempo.rollout.sampler import Generation, SamplingConfig
-
-CORPUS = [
-    Passage("1", '"Velorin Oskatu"\nVelorin Oskatu works for Brask Holdings.'),
-    Passage("2", '"Brask Holdings"\nBrask Holdings was founded in 1931 in Lisbara.'),
-    Passage("3", '"Ometh Works"\nOmeth Works is based in Raitukrum.'),
-]
-TASK = Task(
-    "t0",
-    (Question("Who employs Velorin Oskatu?", ("Brask Holdings",)), Question("Where is Ometh Works?", ("Raitukrum",))),
-)
-TASK_B = Task("t1", (Question("When was Brask Holdings founded?", ("1931",)),))
-
-
-class ScriptedSampler:
-    """Answers every prompt with ``script(prompt_text, turn_index_of_that_rollout)`` tokenized; log-probs are
-    -0.5 per token so tests can check they pass through. Records each generate call's batch size."""
-
-    def __init__(self, tokenizer, script: Callable[[str], str]) -> None:
-        self.tokenizer, self.script = tokenizer, script
-        self.calls: list[int] = []
-        self.prompts: list[str] = []
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Generation]]:
-        self.calls.append(len(prompts))
-        out = []
-        for p in prompts:
-            text = self.tokenizer.decode(list(p))
-            self.prompts.append(text)
-            ids = self.tokenizer(self.script(text), add_special_tokens=False)["input_ids"]
-            out.append([Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text="")])
-        return out
-
-    def push_weights(self, state_dict) -> None: ...
-    def sleep(self) -> None: ...
-    def wake(self) -> None: ...
-    def shutdown(self) -> None: ...
-
-
-def oracle_script(text: str) -> str:
-    """A two-search agent that answers both objectives of TASK, and TASK_B after one search."""
-    if "When was Brask" in text:
-        if "(Title:" not in text:  # no tool result yet
-            return format_turn("Q1: need Brask Holdings.", "search it", "search", "Brask Holdings")
-        return format_turn("Q1: 1931.", "done", "answer", "1931")
-    if "Ometh Works is based" in text:
-        return format_turn("Q1: Brask Holdings. Q2: Raitukrum.", "done", "answer", "Brask Holdings; Raitukrum")
-    if "works for Brask" in text:
-        return format_turn("Q1: Brask Holdings. Q2: need Ometh Works.", "next Q2", "search", "Ometh Works")
-    return format_turn("Q1: need Velorin Oskatu.", "search Q1", "search", "Velorin Oskatu")
+from mempo.rollout.sampler import SamplingConfig
 
 
 @pytest.fixture(scope="module")
