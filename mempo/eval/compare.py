@@ -79,16 +79,27 @@ def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
 
 
 def memory_p_ans(
-    policy: torch.nn.Module, builder: PromptBuilder, batch: RolloutBatch, *, pad_id: int, micro_batch_size: int = 8
+    policy: torch.nn.Module,
+    builder: PromptBuilder,
+    batch: RolloutBatch,
+    *,
+    pad_id: int,
+    micro_batch_size: int = 8,
+    bf16: bool = False,
 ) -> list[dict[str, Any]]:
     """P(ans | q, m) (Eq. 4) of every memory a well-formed turn wrote, scored by ``policy``.
+
+    bf16: score under bf16 autocast, as training does with trainer.precision=bf16-mixed (several times faster on
+    CPUs with AVX512-BF16). Only this forward is autocast: the vLLM engine runs in-process and must not be.
 
     -> [{"traj_id", "task_id", "turn", "p_ans"}], in rollout then turn order.
     """
     found = [(traj, s) for traj in batch.trajectories for s in traj.turns if s.parsed.ok and bool(s.parsed.memory)]
     prompts = [builder.scoring_prompt(traj.task.question, s.parsed.memory) for traj, s in found]
     answers = [builder.answer_ids(traj.task.gold) for traj, _ in found]
-    p = answer_probabilities(policy, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
+    device = next(policy.parameters()).device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        p = answer_probabilities(policy, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
     return [
         {"traj_id": traj.traj_id, "task_id": traj.task.task_id, "turn": s.turn_id, "p_ans": float(v)}
         for (traj, s), v in zip(found, p.tolist())
@@ -106,6 +117,7 @@ def evaluate_grid(
     checkpoint: str,
     policy: torch.nn.Module | None = None,
     pad_id: int = 0,
+    bf16: bool = False,
 ) -> GridResult:
     """Every agent in ``spec.agents`` on every task set of ``tasks_by_n`` (one rollout per task), with ``sampler``.
 
@@ -127,7 +139,7 @@ def evaluate_grid(
             out.rows.append({**keys, "tasks": len(tasks), **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
             records = [trajectory_record(t, **keys) for t in batch.trajectories]
             if policy is not None:
-                scored = memory_p_ans(policy, builder, batch, pad_id=pad_id)
+                scored = memory_p_ans(policy, builder, batch, pad_id=pad_id, bf16=bf16)
                 by_turn = {(r["traj_id"], r["turn"]): r["p_ans"] for r in scored}
                 for traj, rec in zip(batch.trajectories, records):
                     for step in rec["trace"]:
@@ -181,6 +193,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 checkpoint=label,
                 policy=policy,
                 pad_id=pad_id,
+                bf16=cfg.trainer.precision.startswith("bf16"),
             )
         finally:
             sampler.shutdown()

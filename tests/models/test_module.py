@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mempo.builders import build_builder, build_env, build_module, build_tags, synthetic_world
+from mempo.builders import build_builder, build_env, build_module, build_tags, build_tasks, synthetic_world
 from mempo.data.oracle import oracle_dataset
 from mempo.entry import fit_rl
 from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
@@ -156,3 +156,22 @@ def test_non_finite_gradients_skip_the_step_then_stop_the_run(make_cfg, tmp_path
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [1]  # step 1 was skipped and logged; step 2 raised
     assert float(rows[0]["train/skipped_steps"]) == 1.0
+
+
+def test_rollout_samples_outside_the_trainers_autocast(make_cfg):
+    """Regression: with trainer.precision=bf16-mixed, training_step runs under bf16 autocast, and the rollout inside
+    it sampled (and scored its sampler log-probs) in bf16 too, so the "old" log-probs were not the fp32 behaviour
+    policy's. The rollout now runs with autocast disabled."""
+    from mempo.models.logprobs import token_logprobs
+    from mempo.rollout.hf_sampler import HFSampler
+
+    module, _ = build_module(make_cfg("model=tiny", "agent.max_turns=1", "sampler.max_new_tokens=8"))
+    module.sampler = HFSampler(module.policy, module.tokenizer)
+    tasks = build_tasks(make_cfg("model=tiny"), "train")[:2]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        batch = module.rollout(tasks)
+    for s in batch.samples:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            ref = token_logprobs(module.policy, ids, torch.ones_like(ids, dtype=torch.bool))[0, len(s.prompt_ids) :]
+        assert_close(torch.tensor(s.sampler_logp), ref)
