@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
-from mempo.rollout.format import wrap
+from mempo.rollout.format import TAG_NAME, wrap
 from mempo.rollout.retrievers import (
     RETRIEVERS,
     BM25Retriever,
@@ -98,7 +98,7 @@ class SearchEnv:
             raise ValueError(f"env.topk must be an int >= 1, got {topk!r}")
         if isinstance(max_passage_tokens, bool) or not isinstance(max_passage_tokens, int) or max_passage_tokens < 1:
             raise ValueError(f"env.max_passage_tokens must be an int >= 1, got {max_passage_tokens!r}")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", information_tag):
+        if not TAG_NAME.fullmatch(information_tag):
             raise ValueError(f"env.information_tag: {information_tag!r} is not a valid tag name")
         self.retriever = retriever
         self.tokenizer = tokenizer

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+TAG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")  # what a tag name may be (Tags, SearchEnv)
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Tags:
     def __post_init__(self) -> None:
         names = [self.mem, self.think, self.search, self.answer, self.information]
         for key, name in zip(("mem", "think", "search", "answer", "information"), names):
-            if not _TAG_NAME.match(name):
+            if not TAG_NAME.match(name):
                 raise ValueError(f"tags.{key}: {name!r} is not a valid tag name")
         if len({n.lower() for n in names}) != len(names):
             raise ValueError(f"tags: names must be distinct (case-insensitively), got {names}")
