@@ -293,3 +293,15 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     check_values(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+
+
+def compose_config(*overrides: str, config_dir: str | Path = CONFIG_DIR) -> DictConfig:
+    """The experiment config tree composed with Hydra and validated, as ``experiments/run.py`` does, from Python
+    (benchmarks, tests, notebooks): ``compose_config("+exp=ablation_nomem", "trainer.max_steps=2")``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return validate_config(compose(config_name="config", overrides=list(overrides)))

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mempo.config import compose_config
 from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
 from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
 from mempo.rollout.sampler import Generation
@@ -72,19 +73,6 @@ def smollm2_tokenizer(tiny_path: Path) -> PreTrainedTokenizerBase:
 def tiny_policy(tiny_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A fresh fp32 ``tiny`` model and its tokenizer; tests may change its weights."""
     return load_policy(tiny_path)
-
-
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
-
-
-def compose_config(*overrides: str):
-    """The real config tree, composed with Hydra and validated, as run.py does."""
-    from hydra import compose, initialize_config_dir
-
-    from mempo.config import validate_config
-
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return validate_config(compose(config_name="config", overrides=list(overrides)))
 
 
 @pytest.fixture

@@ -121,43 +121,65 @@ class StepCheckpoint(L.Callback):
 
 
 class MetricsFile(L.Callback):
-    """Appends one row per RL step (``pl_module.last_metrics`` plus ``step``) to ``metrics.csv``. On resume, rows
-    of steps after the checkpoint (written before a crash) are dropped, so no step appears twice or goes missing.
+    """Appends one row per RL step (``pl_module.last_metrics`` plus ``step`` and ``perf/step_s``, the step's wall
+    time from batch start to the end of the callbacks placed before this one: rollout, update, weight push,
+    validation) to ``metrics.csv``. On resume, rows of steps after the checkpoint (written before a crash) are
+    dropped, so no step appears twice or goes missing. Rows are appended; the file is rewritten only when a new
+    column appears (e.g. val/* on the first validation step).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.step_start = 0.0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not self.path.exists():
             return
         done = int(getattr(pl_module, "batches_done", 0))
-        with self.path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = self._read()
         kept = [r for r in rows if int(r["step"]) <= done]
         if len(kept) != len(rows):
-            self._write(kept, rewrite=True)
+            self._rewrite(kept)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.step_start = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.is_global_zero:
-            row = {"step": int(getattr(pl_module, "batches_done", trainer.global_step)), **pl_module.last_metrics}
-            self._write([row])
+        if not trainer.is_global_zero:
+            return
+        row = {"step": int(getattr(pl_module, "batches_done", trainer.global_step)), **pl_module.last_metrics}
+        row["perf/step_s"] = time.perf_counter() - self.step_start
+        header = self._header()
+        if header is not None and all(k in header for k in row):
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=header).writerow(row)
+        else:  # a new file, or a new column: rewrite with the grown header
+            self._rewrite(self._read() + [row])
 
-    def _write(self, rows: list[dict[str, Any]], *, rewrite: bool = False) -> None:
+    def _header(self) -> list[str] | None:
+        if not self.path.exists():
+            return None
+        with self.path.open(newline="") as f:
+            return next(csv.reader(f), None)
+
+    def _read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open(newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        existing: list[dict[str, Any]] = []
-        if self.path.exists() and not rewrite:
-            with self.path.open(newline="") as f:
-                existing = list(csv.DictReader(f))
-        all_rows = existing + rows
-        fields = list(dict.fromkeys(k for r in all_rows for k in r))  # columns may grow (e.g. perf/push_s)
+        fields = list(dict.fromkeys(k for r in rows for k in r))
         tmp = self.path.with_suffix(".csv.tmp")
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
-            writer.writerows(all_rows)
+            writer.writerows(rows)
         os.replace(tmp, self.path)
 
 

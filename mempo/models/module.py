@@ -214,6 +214,9 @@ class MemPOModule(L.LightningModule):
             "memory/reward_mean": float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0,
             "memory/adv_std": float(_mem_adv_std(adv, x["mem_mask"], x["response_mask"])),
             "perf/gen_tok_per_s": gen_tokens / max(timings["generate"], 1e-9),
+            "perf/samples": float(len(rollouts.samples)),
+            "perf/tokens": float(x["attention_mask"].sum()),
+            "perf/response_tokens": float(x["response_mask"].sum()),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
         self.last_metrics = metrics

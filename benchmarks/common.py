@@ -1,0 +1,98 @@
+"""Helpers shared by the benchmark scripts: peak memory of this process, running one benchmark in a child process
+(so engines, caches and peak memory never leak from one measurement into the next), and JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _status_mb(field: str) -> float:
+    """A memory field of /proc/self/status (VmHWM: peak resident set, VmRSS: current) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_rss_mb() -> float:
+    return _status_mb("VmHWM")
+
+
+def rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak: writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def machine() -> dict[str, Any]:
+    flags = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    model = platform.processor()
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = line
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "python": platform.python_version(),
+    }
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def log(msg: str) -> None:
+    """A progress line; ``run_child`` shows these from its children (everything else only in the error tail)."""
+    print(f"[bench] {msg}", flush=True)
+
+
+def run_child(script: str | Path, args: list[str], *, timeout_s: float = 3600, verbose: bool = False) -> dict[str, Any]:
+    """Run ``python script *args --json TMP`` and return the JSON it wrote, or ``{"error": ...}`` naming the
+    script, its exit status and the end of its output (a failed benchmark is reported, not fatal). The child's
+    ``[bench]`` lines are passed through (all of its output with ``verbose``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(script), *args, "--json", str(out)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        tail: deque[str] = deque(maxlen=20)
+        with subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc:
+            timer = threading.Timer(timeout_s, proc.kill)
+            timer.start()
+            try:
+                for line in proc.stdout:
+                    tail.append(line.rstrip())
+                    if verbose or line.startswith("[bench]"):
+                        print(line, end="", flush=True)
+            finally:
+                timer.cancel()
+            code = proc.wait()
+        if code != 0 or not out.exists():
+            what = "killed after the timeout" if code == -9 else f"exit {code}"
+            return {"error": f"{Path(script).name} {' '.join(args)}: {what}", "output_tail": list(tail)}
+        return json.loads(out.read_text())
