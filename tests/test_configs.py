@@ -151,3 +151,20 @@ def test_every_sweep_calls_run_py_with_valid_hydra_overrides(path):
     for key, values in spec["parameters"].items():
         for value in values["values"]:
             validate_config(compose_cfg(*fixed, f"{key}={value}"))  # every point of the grid composes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), "sampler"),  # the CPU default: vLLM samples in float32, its log-probs are exact
+        (("+exp=mempo",), "recompute"),  # the paper setting: a bf16 engine
+        (("sampler.dtype=bfloat16",), "recompute"),
+        (("sampler=hf", "model=tiny"), "sampler"),  # HF sampling runs the float32 policy itself
+        (("sampler.dtype=bfloat16", "optim.old_logp=sampler"), "sampler"),  # an explicit choice stands
+        (("optim.old_logp=recompute",), "recompute"),
+    ],
+)
+def test_old_logp_auto_reuses_the_samplers_logprobs_only_when_exact(overrides, expected):
+    from mempo.builders import build_optim_config
+
+    assert build_optim_config(validate_config(compose_cfg(*overrides))).old_logp == expected

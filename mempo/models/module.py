@@ -54,7 +54,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     micro_batch_size: int = 8
-    old_logp: str = "sampler"  # sampler | recompute
+    old_logp: str = "sampler"  # sampler | recompute (resolved from "auto" by builders.resolve_old_logp)
     max_nonfinite: int = 3
 
 
@@ -125,7 +125,7 @@ class MemPOModule(L.LightningModule):
         """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5)."""
         samples = batch.samples
         tasks = {t.group_id: t.task for t in batch.trajectories}
-        valid = torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in samples], dtype=torch.bool)
+        valid = _memory_valid(batch)
         group_order = sorted(tasks)
         prompts = [self.builder.scoring_prompt(tasks[g].question, "") for g in group_order]
         answers = [self.builder.answer_ids(tasks[g].gold) for g in group_order]
@@ -150,6 +150,16 @@ class MemPOModule(L.LightningModule):
                 p_mem[mem_idx], p_empty[mem_idx], traj[mem_idx], turn[mem_idx], baseline=self.memory_cfg.baseline
             )
         return rewards, valid, p_mem
+
+    @property
+    def uses_memory_rewards(self) -> bool:
+        """False when the estimator cannot use R^M (GRPO, or any estimator with alpha = 0, the weight of the memory
+        advantage): the scoring forward over every memory is then skipped."""
+        return self.memory_cfg.alpha != 0 and self.memory_cfg.estimator != "grpo"
+
+    def no_memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``memory_rewards``' shapes without the forward: R^M = 0, P = 0, the same validity."""
+        return torch.zeros(len(batch.samples)), _memory_valid(batch), torch.zeros(len(batch.samples))
 
     def advantages(
         self, x: dict[str, torch.Tensor], mem_rewards: torch.Tensor, mem_valid: torch.Tensor
@@ -183,22 +193,26 @@ class MemPOModule(L.LightningModule):
         timings["generate"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
+        scored = self.uses_memory_rewards
+        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts) if scored else self.no_memory_rewards(rollouts)
         x = rollouts.to_tensors(self.pad_id)
         adv = self.advantages(x, mem_r, mem_valid)
         timings["score"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
         old_logp = x["sampler_logp"]
+        # Only response tokens are scored: the loss and the KL never read a prompt position's log-prob.
+        score_args = {
+            "input_ids": x["input_ids"],
+            "attention_mask": x["attention_mask"],
+            "micro_batch_size": self.optim_cfg.micro_batch_size,
+            "score_mask": x["response_mask"],
+        }
         if self.optim_cfg.old_logp == "recompute":
-            old_logp = sequence_logprobs(
-                self.policy, x["input_ids"], x["attention_mask"], micro_batch_size=self.optim_cfg.micro_batch_size
-            )
+            old_logp = sequence_logprobs(self.policy, **score_args)
         ref_logp = None
         if self.loss_cfg.kl_coef > 0:
-            ref_logp = sequence_logprobs(
-                self.reference, x["input_ids"], x["attention_mask"], micro_batch_size=self.optim_cfg.micro_batch_size
-            )
+            ref_logp = sequence_logprobs(self.reference, **score_args)
         timings["logp"] = time.perf_counter() - t2
 
         t3 = time.perf_counter()
@@ -210,8 +224,6 @@ class MemPOModule(L.LightningModule):
         metrics = {
             **rollout_metrics(rollouts),
             **update,
-            "memory/p_ans_mean": float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0,
-            "memory/reward_mean": float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0,
             "memory/adv_std": float(_mem_adv_std(adv, x["mem_mask"], x["response_mask"])),
             "perf/gen_tok_per_s": gen_tokens / max(timings["generate"], 1e-9),
             "perf/samples": float(len(rollouts.samples)),
@@ -219,6 +231,9 @@ class MemPOModule(L.LightningModule):
             "perf/response_tokens": float(x["response_mask"].sum()),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
+        if scored:
+            metrics["memory/p_ans_mean"] = float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0
+            metrics["memory/reward_mean"] = float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0
         self.last_metrics = metrics
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
         self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=len(batch))
@@ -244,7 +259,9 @@ class MemPOModule(L.LightningModule):
                 def mb(t: torch.Tensor, sl: tuple = sl) -> torch.Tensor:
                     return t[sl].to(self.device)
 
-                logp = token_logprobs(self.policy, mb(x["input_ids"]), mb(x["attention_mask"]))
+                logp = token_logprobs(
+                    self.policy, mb(x["input_ids"]), mb(x["attention_mask"]), score_mask=mb(x["response_mask"])
+                )
                 loss, m = policy_objective(
                     logp,
                     mb(old_logp),
@@ -324,6 +341,11 @@ class MemPOModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
             np.random.set_state(_numpy_state_from_plain(rng["numpy"]))
+
+
+def _memory_valid(batch: RolloutBatch) -> torch.Tensor:
+    """[N] bool: the turn sample wrote a memory (well-formed turn, non-empty <mem>)."""
+    return torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in batch.samples], dtype=torch.bool)
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -53,17 +53,23 @@ def answer_probabilities(
         ans_mask = torch.zeros_like(mask)
         for row, i in enumerate(idx):
             ans_mask[row, len(prompts[i]) : lengths[i]] = True
-        logp = token_logprobs(model, ids.to(device), mask.to(device))  # [B, T]
+        logp = token_logprobs(model, ids.to(device), mask.to(device), score_mask=ans_mask.to(device))  # [B, T]
         out[idx] = answer_probability(logp.float().cpu(), ans_mask).float()
     return out
 
 
 @torch.no_grad()
 def sequence_logprobs(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, *, micro_batch_size: int = 16
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    micro_batch_size: int = 16,
+    score_mask: Tensor | None = None,
 ) -> Tensor:
     """[N, T] -> [N, T] token log-probs under ``model``, in length-sorted micro-batches trimmed to their longest
-    row (right padding)."""
+    row (right padding); with ``score_mask`` (e.g. the response mask) only those positions are scored, the rest
+    are 0 (see ``token_logprobs``)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device
     lengths = attention_mask.sum(-1).tolist()
@@ -71,5 +77,6 @@ def sequence_logprobs(
         t_len = int(max(lengths[i] for i in idx))
         ids = input_ids[idx, :t_len].to(device)
         mask = attention_mask[idx, :t_len].to(device)
-        out[idx, :t_len] = token_logprobs(model, ids, mask).float().cpu()
+        score = None if score_mask is None else score_mask[idx, :t_len].to(device)
+        out[idx, :t_len] = token_logprobs(model, ids, mask, score_mask=score).float().cpu()
     return out

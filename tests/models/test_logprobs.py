@@ -126,3 +126,37 @@ def test_head_never_sees_more_than_a_chunk(tiny_policy) -> None:
     scored = int((attention_mask[:, 1:] * attention_mask[:, :-1]).sum())  # 11 + 6 + 4 = 21 scored tokens
     assert max(rows_seen) == 4
     assert sum(rows_seen) == 2 * scored  # once in forward, once recomputed in backward
+
+
+def test_score_mask_scores_only_its_positions(tiny_policy) -> None:
+    """A response mask: the same log-probs (and gradients) where scored, 0 elsewhere, and the head runs only
+    over the scored positions."""
+    model, _ = tiny_policy
+    input_ids, attention_mask = batch()
+    score_mask = torch.zeros_like(attention_mask, dtype=torch.bool)
+    score_mask[0, 6:] = True  # the "response" of each row: its last real tokens
+    score_mask[1, 4:7] = True
+    score_mask[2, 9:] = True
+    rows_seen: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, out: rows_seen.append(out.shape[0]))
+    try:
+        with torch.no_grad():
+            masked = token_logprobs(model, input_ids, attention_mask, score_mask=score_mask)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        full = token_logprobs(model, input_ids, attention_mask)
+    torch.testing.assert_close(masked[score_mask], full[score_mask])
+    assert (masked[~score_mask] == 0).all()
+    assert sum(rows_seen) == int(score_mask.sum()) == 12
+
+    masked = token_logprobs(model, input_ids, attention_mask, score_mask=score_mask)
+    masked.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    (token_logprobs(model, input_ids, attention_mask) * score_mask).sum().backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, msg=name)
+    model.zero_grad()
+    with pytest.raises(ValueError, match="score_mask"):
+        token_logprobs(model, input_ids, attention_mask, score_mask=score_mask[:, :5])

@@ -111,6 +111,11 @@ def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):
     on_mem = x["mem_mask"] & x["response_mask"]
     assert not torch.equal(a_mempo[on_mem], a_grpo[on_mem])  # the memory advantage is really on in MemPO
     assert torch.equal(a_mempo[~on_mem], a_grpo[~on_mem])
+    # Without the memory advantage the scoring forward is skipped, and the advantages do not change.
+    assert mempo.uses_memory_rewards and not nomem.uses_memory_rewards and not grpo.uses_memory_rewards
+    zero_r, zero_valid, _ = nomem.no_memory_rewards(batch)
+    assert torch.equal(zero_valid, valid)
+    assert torch.equal(nomem.advantages(x, zero_r, zero_valid), a_nomem)
 
 
 @pytest.mark.parametrize("baseline", ["previous_memory", "question_only", "none"])

@@ -1,0 +1,134 @@
+"""Run the benchmark suite, print a table, write benchmarks/results/latest.json.
+
+    python benchmarks/run.py                    # everything, full size (about 25 min on 2 CPU cores)
+    python benchmarks/run.py --quick            # a few minutes: smaller shapes, fewer steps
+    python benchmarks/run.py --only step trl    # some sections; the others are kept from the previous latest.json
+
+Sections (one script each, run one after another in child processes; never run two heavy jobs at once on these
+machines, the figures collapse under contention):
+  sampler  benchmarks/sampler_throughput.py  raw vLLM vs VLLMSampler vs HFSampler, same prompts (tok/s)
+  step     benchmarks/step_time.py           one MemPO step by part at two batch sizes, peak RSS
+  logprob  benchmarks/logprob_memory.py      peak memory of per-token log-probs, naive vs chunked
+  trl      benchmarks/trl_compare.py         one single-turn GRPO step: TRL's GRPOTrainer vs mempo (needs the
+                                             ``bench`` extra: ``MEMPO_BENCH=1 bash scripts/setup.sh``)
+Each section records its own ``measured_at`` and ``quick``; a failed section is recorded as ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, ROOT, log, machine, run_child, write_json  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+SECTIONS = {
+    "sampler": "sampler_throughput.py",
+    "step": "step_time.py",
+    "logprob": "logprob_memory.py",
+    "trl": "trl_compare.py",
+}
+# (section, key, target, direction): the issue's targets on this machine.
+TARGETS = [
+    ("sampler", "vllm_vs_raw", 0.9, ">="),
+    ("trl", "ratio", 0.5, "<="),
+    ("logprob", "ratio", 4.0, ">="),
+]
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    s = results.get("sampler", {})
+    for key in ("raw_vllm_tok_per_s", "vllm_tok_per_s", "hf_tok_per_s", "vllm_vs_raw", "push_s"):
+        rows.append((f"sampler.{key}", _fmt(s.get(key, s.get("error")))))
+    st = results.get("step", {})
+    for b, r in st.get("by_batch", {}).items():
+        if "error" in r:
+            rows.append((f"step.by_batch.{b}", r["error"]))
+            continue
+        split = ", ".join(f"{k} {v:.1f}" for k, v in r["split"].items())
+        rows.append((f"step.by_batch.{b} seconds", f"{r['seconds']:.1f} ({split}); {r['samples']} samples"))
+        rows.append((f"step.by_batch.{b} peak_rss_mb", f"{r['peak_rss_mb']:.0f}"))
+    if "error" in st:
+        rows.append(("step", st["error"]))
+    lp = results.get("logprob", {})
+    for key in ("naive_peak_mb", "chunked_peak_mb", "ratio"):
+        rows.append((f"logprob.{key}", _fmt(lp.get(key, lp.get("error")))))
+    t = results.get("trl", {})
+    for key in ("mempo_step_s", "trl_step_s", "ratio"):
+        rows.append((f"trl.{key}", _fmt(t.get(key, t.get("error")))))
+    return rows
+
+
+def target_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for section, key, target, op in TARGETS:
+        value = results.get(section, {}).get(key)
+        if not isinstance(value, (int, float)):
+            rows.append((f"{section}.{key} {op} {target}", "not measured"))
+            continue
+        met = value >= target if op == ">=" else value <= target
+        rows.append((f"{section}.{key} {op} {target}", f"{value:.3g}: {'met' if met else 'MISSED'}"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the few-minute version")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="run only these sections")
+    parser.add_argument("--out", default=str(RESULTS / "latest.json"))
+    parser.add_argument("--verbose", action="store_true", help="show the children's whole output")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    results: dict[str, Any] = json.loads(out.read_text()) if args.only and out.exists() else {}
+    start = time.perf_counter()
+    for name in args.only or list(SECTIONS):
+        log(f"== {name} ({SECTIONS[name]}{' --quick' if args.quick else ''})")
+        t = time.perf_counter()
+        section = run_child(BENCH / SECTIONS[name], ["--quick"] if args.quick else [], verbose=args.verbose)
+        section["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        section["wall_s"] = time.perf_counter() - t
+        section.setdefault("quick", args.quick)
+        results[name] = section
+        if "error" in section:
+            log(f"   {name} failed: {section['error']}")
+    results["meta"] = {
+        "commit": _commit(),
+        "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - start,
+        "machine": machine(),
+        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+    }
+    write_json(out, results)
+
+    width = max(len(k) for k, _ in summary_rows(results) + target_rows(results))
+    print("\nfigure".ljust(width + 1), "value")
+    for key, value in summary_rows(results):
+        print(key.ljust(width), value)
+    print("\ntarget".ljust(width + 1), "measured")
+    for key, value in target_rows(results):
+        print(key.ljust(width), value)
+    print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    main()
