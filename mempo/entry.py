@@ -11,7 +11,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +129,13 @@ def train_rl(cfg: DictConfig) -> dict[str, Any]:
     return fit_rl(cfg)[1]
 
 
-def fit_rl(cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None) -> tuple[Any, dict[str, Any]]:
+def fit_rl(
+    cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None, callbacks: Sequence[Any] = ()
+) -> tuple[Any, dict[str, Any]]:
     """Train with MemPO (or the configured estimator) -> (the module, the run summary).
 
     make_sampler: module -> Sampler; default: ``sampler.backend`` over the policy (tests pass a scripted one).
+    callbacks: extra Lightning callbacks, run after the built-in ones (benchmarks time steps with one).
     A retriever that stays down (``RetrieverError`` after its retries) stops the run after saving the last
     completed step (``StepCheckpoint.on_exception``); rerun with ``resume=true`` once the server is back.
     """
@@ -158,13 +161,13 @@ def fit_rl(cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None)
         def make_sampler(mod: Any) -> Any:
             return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
 
-    callbacks: list[Any] = [SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every)]
+    hooks: list[Any] = [SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every)]
     if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
         val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
-        callbacks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
-    callbacks += [MetricsFile(out / "metrics.csv"), ckpt]
+        hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
+    hooks += [MetricsFile(out / "metrics.csv"), ckpt, *callbacks]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
-    trainer = _trainer(cfg, out, callbacks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
+    trainer = _trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
     ckpt_path = None
     if cfg.resume:
         if ckpt.last_path.exists():
