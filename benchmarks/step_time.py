@@ -63,8 +63,8 @@ def child(batch_size: int, model: str, steps: int, overrides: list[str]) -> dict
     last = {k: float(v) for k, v in rows[-1].items() if v != ""}
     return {
         "batch_size": batch_size,
-        "group_size": int(cfg.group_size),
-        "trajectories": batch_size * int(cfg.group_size),
+        "group_size": int(cfg.data.group_size),
+        "trajectories": batch_size * int(cfg.data.group_size),
         "seconds": last["perf/step_s"],
         "split": {k: last.get(f"perf/{k}_s", 0.0) for k in SPLIT},
         "peak_rss_mb": peak_rss_mb(),

