@@ -70,14 +70,22 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", flush=True)
 
 
-def run_child(script: str | Path, args: list[str], *, timeout_s: float = 3600, verbose: bool = False) -> dict[str, Any]:
+def run_child(
+    script: str | Path,
+    args: list[str],
+    *,
+    timeout_s: float = 3600,
+    verbose: bool = False,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run ``python script *args --json TMP`` and return the JSON it wrote, or ``{"error": ...}`` naming the
     script, its exit status and the end of its output (a failed benchmark is reported, not fatal). The child's
-    ``[bench]`` lines are passed through (all of its output with ``verbose``)."""
+    ``[bench]`` lines are passed through (all of its output with ``verbose``); ``env`` adds to its environment."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(script), *args, "--json", str(out)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, **(env or {}), "PYTHONPATH": pythonpath}
         tail: deque[str] = deque(maxlen=20)
         with subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -3,15 +3,23 @@
     python benchmarks/logprob_memory.py            # SmolLM2-135M (49,152-token vocabulary), [8, 1024] tokens
     python benchmarks/logprob_memory.py --quick    # [8, 256]
 
-naive:   ``model(ids).logits.float().log_softmax(-1).gather(...)``: the [N, T, V] logits, their float32 copy and
-         the log-softmax are all alive at once (and kept for backward).
-chunked: ``token_logprobs``: the decoder once, then the head and a float32 log-softmax over 1,024 positions at a
-         time, recomputed in backward; never more than one [1024, V] block.
-Each (variant, mode) runs in a fresh process: load the model, run a small warm-up, reset the peak RSS, run once.
-The figure is the peak RSS above the RSS just before the measured call, in MiB, so it counts what the call
-allocated (activations, logits, gradients), not the weights. Modes: ``no_grad`` (scoring, reference log-probs)
-and ``train`` (forward + backward of the mean log-prob, as in the update). Both under bf16 autocast, the CPU
-trainer's default precision. Also checks that both variants give the same log-probs.
+naive:   ``logits.float().log_softmax(-1).gather(...)`` over the whole [N, T, V] logits: the logits, their float32
+         copy and the log-softmax are alive at once (and kept for backward).
+chunked: ``mempo.models.logprobs`` (``head_logprobs`` / ``token_logprobs``): the head and a float32 log-softmax over
+         256 positions at a time (the default chunk_size), recomputed in backward; never more than one [256, V]
+         block.
+Modes (each (variant, mode) in a fresh process: load the model, run a small warm-up, reset the peak RSS, run once;
+the figure is the peak RSS above the RSS just before the measured call, in MiB):
+  train        (headline) the log-prob stage of an update: from the decoder's last hidden states [N, T, H]
+               (computed beforehand, requiring grad) through head, log-softmax and gather, forward + backward.
+               This is the part the two variants differ in; the decoder's own activations come on top of both.
+  no_grad      a whole no-grad forward, ids to log-probs (scoring, reference log-probs).
+  model_train  a whole forward + backward, ids to gradients, at [8, 256] in both runs (at [8, 1024] the decoder's
+               activations alone approach this machine's 24 GB): shows how much of a full update's peak the
+               log-prob stage is.
+All under bf16 autocast, the CPU trainer's default precision, with MALLOC_MMAP_THRESHOLD_=65536 so that the RSS
+counts live tensors. Also checks that both variants give the same
+log-probs (max |difference| over the scored tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import log, machine, peak_rss_mb, reset_peak_rss, rss_mb, run_child, write_json  # noqa: E402
 
 VARIANTS = ("naive", "chunked")
-MODES = ("no_grad", "train")
+MODES = ("train", "no_grad", "model_train")
+MODEL_TRAIN_SHAPE = (8, 256)
+# glibc serves allocations of 64 KiB and more with mmap and unmaps them on free: the RSS then follows the live
+# tensors, instead of memory freed earlier (the decoder's activations) being reused without showing in the peak.
+EXACT_RSS = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def naive_logprobs(model: Any, ids: Any, mask: Any) -> Any:
@@ -34,39 +46,60 @@ def naive_logprobs(model: Any, ids: Any, mask: Any) -> Any:
     return logp * mask[:, 1:]
 
 
+def naive_head_logprobs(head: Any, hidden: Any, targets: Any) -> Any:
+    logits = head(hidden).float()  # [M, V]
+    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
 def child(variant: str, mode: str, rows: int, length: int, model_name: str) -> dict[str, Any]:
     import time
 
     import torch
 
     from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.logprobs import token_logprobs
+    from mempo.models.logprobs import head_logprobs, token_logprobs
 
     model, _ = load_policy(resolve_model_path(model_name))
-    model.train(mode == "train")
-    fn = naive_logprobs if variant == "naive" else (lambda m, i, a: token_logprobs(m, i, a)[:, 1:])
-    gen = torch.Generator().manual_seed(0)
+    model.train(mode != "no_grad")
     vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows, length), generator=gen)
     mask = torch.ones_like(ids, dtype=torch.bool)
+    head = model.get_output_embeddings()
 
     def call(i: Any, a: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(mode == "train"):
-            logp = fn(model, i, a)
-            if mode == "train":
-                logp.mean().backward()
-                model.zero_grad(set_to_none=False)  # gradient buffers stay allocated: not part of the figure
-        return logp.detach()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if mode == "no_grad":
+                with torch.no_grad():
+                    return naive_logprobs(model, i, a) if variant == "naive" else token_logprobs(model, i, a)[:, 1:]
+            if mode == "model_train":
+                logp = naive_logprobs(model, i, a) if variant == "naive" else token_logprobs(model, i, a)[:, 1:]
+            else:  # train: the log-prob stage from given hidden states
+                with torch.no_grad():
+                    hidden = model.get_decoder()(input_ids=i, attention_mask=a).last_hidden_state
+                hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1]).detach().requires_grad_(True)
+                targets = i[:, 1:].reshape(-1)
+                if variant == "naive":
+                    logp = naive_head_logprobs(head, hidden, targets)
+                else:
+                    logp = head_logprobs(head, hidden, targets)[0]
+                if i.shape == ids.shape:  # the measured call: the peak counts from here, hidden states given
+                    reset_peak_rss()
+                    state["before"] = rss_mb()
+            logp.mean().backward()
+            model.zero_grad(set_to_none=False)  # gradient buffers stay allocated: not part of the figure
+            return logp.detach().reshape(i.shape[0], -1)
 
+    state: dict[str, float] = {}
     call(ids[:1, :16], mask[:1, :16])  # warm-up: lazy initialisation, kernel selection, gradient buffers
     reset_peak_rss()
-    before = rss_mb()
+    state["before"] = rss_mb()
     start = time.perf_counter()
     logp = call(ids, mask)
     seconds = time.perf_counter() - start
-    peak = peak_rss_mb() - before
+    peak = peak_rss_mb() - state["before"]
     torch.save(logp, Path(_logp_file(variant, mode)))
-    return {"peak_mb": peak, "seconds": seconds, "vocab": vocab}
+    return {"peak_mb": peak, "seconds": seconds, "vocab": vocab, "shape": [rows, length]}
 
 
 def _logp_file(variant: str, mode: str) -> str:
@@ -78,19 +111,21 @@ def _logp_file(variant: str, mode: str) -> str:
 def run(quick: bool, model_name: str) -> dict[str, Any]:
     import torch
 
-    rows, length = 8, 256 if quick else 1024
+    rows, length = (8, 256) if quick else (8, 1024)
     by_mode: dict[str, Any] = {}
     for mode in MODES:
         by_mode[mode] = {}
+        r, t = MODEL_TRAIN_SHAPE if mode == "model_train" else (rows, length)
         for variant in VARIANTS:
-            log(f"logprob: {variant} {mode} [{rows}, {length}]")
-            args = ["--child", variant, mode, "--rows", str(rows), "--length", str(length), "--model", model_name]
-            by_mode[mode][variant] = run_child(__file__, args)
+            log(f"logprob: {variant} {mode} [{r}, {t}]")
+            args = ["--child", variant, mode, "--rows", str(r), "--length", str(t), "--model", model_name]
+            by_mode[mode][variant] = run_child(__file__, args, env=EXACT_RSS)
         parts = by_mode[mode]
         if all("error" not in parts[v] for v in VARIANTS):
             a, b = (torch.load(_logp_file(v, mode)) for v in VARIANTS)
             # bf16 autocast: the two paths round the head's matmul differently (full [N, T, V] vs per chunk)
             parts["max_abs_diff"] = float((a - b).abs().max())
+            parts["shape"] = list(parts["naive"]["shape"])
             parts["ratio"] = parts["naive"]["peak_mb"] / max(parts["chunked"]["peak_mb"], 1e-9)
     train = by_mode["train"]
     return {
@@ -106,9 +141,8 @@ def run(quick: bool, model_name: str) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    rows, length = result["shape"]
-    print(f"\nper-token log-probs of [{rows}, {length}] tokens ({result['model']}), peak RSS above the call's start")
-    head = ("mode", "naive MB", "chunked MB", "ratio", "naive s", "chunked s", "max |diff|")
+    print(f"\nper-token log-probs ({result['model']}), peak RSS above the call's start")
+    head = ("mode", "shape", "naive MB", "chunked MB", "ratio", "naive s", "chunked s", "max |diff|")
     print(" ".join(f"{h:>10}" for h in head))
     for mode, parts in result["by_mode"].items():
         if "ratio" not in parts:
@@ -116,8 +150,8 @@ def print_table(result: dict[str, Any]) -> None:
             continue
         n, c = parts["naive"], parts["chunked"]
         print(
-            f"{mode:>10} {n['peak_mb']:>10.0f} {c['peak_mb']:>10.0f} {parts['ratio']:>10.1f} {n['seconds']:>10.1f} "
-            f"{c['seconds']:>10.1f} {parts['max_abs_diff']:>10.2e}"
+            f"{mode:>10} {str(parts['shape']):>10} {n['peak_mb']:>10.0f} {c['peak_mb']:>10.0f} "
+            f"{parts['ratio']:>10.1f} {n['seconds']:>10.1f} {c['seconds']:>10.1f} {parts['max_abs_diff']:>10.2e}"
         )
 
 

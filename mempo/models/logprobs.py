@@ -26,7 +26,7 @@ def token_logprobs(
     input_ids: Tensor,
     attention_mask: Tensor,
     *,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     temperature: float = 1.0,
     score_mask: Tensor | None = None,
 ) -> Tensor:
@@ -48,7 +48,7 @@ def token_logprobs_and_entropy(
     input_ids: Tensor,
     attention_mask: Tensor,
     *,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     temperature: float = 1.0,
     score_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -104,33 +104,56 @@ def _token_stats(
     rows = hidden[:, :-1][scored]  # [M, H]
     targets = input_ids[:, 1:][scored]  # [M]
 
+    lp, ent = head_logprobs(
+        head, rows, targets, chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy
+    )
+
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    out_logp = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, lp.to(dtype))
+    out_logp = F.pad(out_logp, (1, 0))  # [N, T]: nothing scores position 0
+    if not with_entropy:
+        return out_logp, None
+    out_ent = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, ent.to(dtype))
+    return out_logp, F.pad(out_ent, (1, 0))
+
+
+def head_logprobs(
+    head: torch.nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    *,
+    chunk_size: int = 256,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """hidden [M, H] (each row the state that predicts one token), targets [M] -> (logp [M], entropy [M]) float32
+    (float64 for a float64 head); entropy is all zeros unless ``with_entropy``.
+
+    The output head and the float32 log-softmax run over ``chunk_size`` rows at a time; under autograd each chunk
+    is checkpointed, so forward and backward hold one [chunk_size, V] block of logits at a time, never [M, V].
+    """
+
     def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         logits = head(h)  # [C, V]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if temperature != 1.0:
+            logits = logits / temperature
         logz = logits.logsumexp(-1)  # [C]
         logp = logits.gather(-1, y[:, None]).squeeze(-1) - logz  # [C]
         if not with_entropy:
-            return logp, logp.new_zeros(())
+            return logp, torch.zeros_like(logp)
         probs = (logits - logz[:, None]).exp()  # [C, V]
         return logp, logz - (probs * logits).sum(-1)  # H = log Z - E_p[logit]
 
-    recompute = torch.is_grad_enabled() and (rows.requires_grad or any(p.requires_grad for p in head.parameters()))
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     logp_parts, ent_parts = [], []
-    for start in range(0, rows.shape[0], chunk_size):
-        h, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         # Checkpointing keeps only h for backward and recomputes the [C, V] logits then, one chunk at a time.
         lp, ent = checkpoint(chunk_stats, h, y, use_reentrant=False) if recompute else chunk_stats(h, y)
         logp_parts.append(lp)
         ent_parts.append(ent)
-
-    dtype = torch.promote_types(hidden.dtype, torch.float32)
-    out_logp = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, _cat(logp_parts, rows, dtype))
-    out_logp = F.pad(out_logp, (1, 0))  # [N, T]: nothing scores position 0
-    if not with_entropy:
-        return out_logp, None
-    out_ent = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, _cat(ent_parts, rows, dtype))
-    return out_logp, F.pad(out_ent, (1, 0))
-
-
-def _cat(parts: list[Tensor], rows: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.cat(parts) if parts else rows.new_zeros((0,), dtype=dtype)
+    if not logp_parts:
+        empty = hidden.new_zeros((0,), dtype=torch.promote_types(hidden.dtype, torch.float32))
+        return empty, empty
+    return torch.cat(logp_parts), torch.cat(ent_parts)

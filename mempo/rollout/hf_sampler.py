@@ -39,7 +39,7 @@ class HFSampler:
         tokenizer: PreTrainedTokenizerBase,
         *,
         batch_size: int | None = None,
-        logprob_chunk_size: int = 1024,
+        logprob_chunk_size: int = 256,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"sampler.batch_size must be >= 1 or None, got {batch_size}")
