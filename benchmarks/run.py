@@ -1,6 +1,6 @@
 """Run the benchmark suite, print a table, write benchmarks/results/latest.json.
 
-    python benchmarks/run.py                    # everything, full size (about 25 min on 2 CPU cores)
+    python benchmarks/run.py                    # everything, full size (815 s on 2 CPU cores, see docs/performance.md)
     python benchmarks/run.py --quick            # a few minutes: smaller shapes, fewer steps
     python benchmarks/run.py --only step trl    # some sections; the others are kept from the previous latest.json
 
