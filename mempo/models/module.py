@@ -122,10 +122,13 @@ class MemPOModule(L.LightningModule):
             )
 
     def memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5)."""
+        """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5). Without the
+        memory advantage (``uses_memory_rewards`` false) no forward runs and R^M = P = 0."""
         samples = batch.samples
+        valid = torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in samples], dtype=torch.bool)
+        if not self.uses_memory_rewards:
+            return torch.zeros(len(samples)), valid, torch.zeros(len(samples))
         tasks = {t.group_id: t.task for t in batch.trajectories}
-        valid = _memory_valid(batch)
         group_order = sorted(tasks)
         prompts = [self.builder.scoring_prompt(tasks[g].question, "") for g in group_order]
         answers = [self.builder.answer_ids(tasks[g].gold) for g in group_order]
@@ -156,10 +159,6 @@ class MemPOModule(L.LightningModule):
         """False when the estimator cannot use R^M (GRPO, or any estimator with alpha = 0, the weight of the memory
         advantage): the scoring forward over every memory is then skipped."""
         return self.memory_cfg.alpha != 0 and self.memory_cfg.estimator != "grpo"
-
-    def no_memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``memory_rewards``' shapes without the forward: R^M = 0, P = 0, the same validity."""
-        return torch.zeros(len(batch.samples)), _memory_valid(batch), torch.zeros(len(batch.samples))
 
     def advantages(
         self, x: dict[str, torch.Tensor], mem_rewards: torch.Tensor, mem_valid: torch.Tensor
@@ -193,8 +192,7 @@ class MemPOModule(L.LightningModule):
         timings["generate"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        scored = self.uses_memory_rewards
-        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts) if scored else self.no_memory_rewards(rollouts)
+        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
         x = rollouts.to_tensors(self.pad_id)
         adv = self.advantages(x, mem_r, mem_valid)
         timings["score"] = time.perf_counter() - t1
@@ -231,7 +229,7 @@ class MemPOModule(L.LightningModule):
             "perf/response_tokens": float(x["response_mask"].sum()),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
-        if scored:
+        if self.uses_memory_rewards:
             metrics["memory/p_ans_mean"] = float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0
             metrics["memory/reward_mean"] = float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0
         self.last_metrics = metrics
@@ -341,11 +339,6 @@ class MemPOModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
             np.random.set_state(_numpy_state_from_plain(rng["numpy"]))
-
-
-def _memory_valid(batch: RolloutBatch) -> torch.Tensor:
-    """[N] bool: the turn sample wrote a memory (well-formed turn, non-empty <mem>)."""
-    return torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in batch.samples], dtype=torch.bool)
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

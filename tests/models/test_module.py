@@ -113,7 +113,8 @@ def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):
     assert torch.equal(a_mempo[~on_mem], a_grpo[~on_mem])
     # Without the memory advantage the scoring forward is skipped, and the advantages do not change.
     assert mempo.uses_memory_rewards and not nomem.uses_memory_rewards and not grpo.uses_memory_rewards
-    zero_r, zero_valid, _ = nomem.no_memory_rewards(batch)
+    zero_r, zero_valid, zero_p = nomem.memory_rewards(batch)
+    assert not zero_r.any() and not zero_p.any()  # no scoring forward ran
     assert torch.equal(zero_valid, valid)
     assert torch.equal(nomem.advantages(x, zero_r, zero_valid), a_nomem)
 
