@@ -79,7 +79,8 @@ def run_child(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``python script *args --json TMP`` and return the JSON it wrote, or ``{"error": ...}`` naming the
-    script, its exit status and the end of its output (a failed benchmark is reported, not fatal). The child's
+    script and its exit status, with ``cause`` (its last line naming an exception) and the end of its output (a
+    failed benchmark is reported, not fatal). The child's
     ``[bench]`` lines are passed through (all of its output with ``verbose``); ``env`` adds to its environment."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
@@ -102,5 +103,10 @@ def run_child(
             code = proc.wait()
         if code != 0 or not out.exists():
             what = "killed after the timeout" if code == -9 else f"exit {code}"
-            return {"error": f"{Path(script).name} {' '.join(args)}: {what}", "output_tail": list(tail)}
+            cause = next((ln for ln in reversed(tail) if "Error" in ln), None)
+            return {
+                "error": f"{Path(script).name} {' '.join(args)}: {what}",
+                "cause": cause.removeprefix("[rank0]:").strip() if cause else None,
+                "output_tail": list(tail),
+            }
         return json.loads(out.read_text())

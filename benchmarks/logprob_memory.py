@@ -66,38 +66,35 @@ def child(variant: str, mode: str, rows: int, length: int, model_name: str) -> d
     ids = torch.randint(0, vocab, (rows, length), generator=gen)
     mask = torch.ones_like(ids, dtype=torch.bool)
     head = model.get_output_embeddings()
+    naive = variant == "naive"
 
-    def call(i: Any, a: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if mode == "no_grad":
-                with torch.no_grad():
-                    return naive_logprobs(model, i, a) if variant == "naive" else token_logprobs(model, i, a)[:, 1:]
-            if mode == "model_train":
-                logp = naive_logprobs(model, i, a) if variant == "naive" else token_logprobs(model, i, a)[:, 1:]
-            else:  # train: the log-prob stage from given hidden states
-                with torch.no_grad():
-                    hidden = model.get_decoder()(input_ids=i, attention_mask=a).last_hidden_state
-                hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1]).detach().requires_grad_(True)
-                targets = i[:, 1:].reshape(-1)
-                if variant == "naive":
-                    logp = naive_head_logprobs(head, hidden, targets)
-                else:
-                    logp = head_logprobs(head, hidden, targets)[0]
-                if i.shape == ids.shape:  # the measured call: the peak counts from here, hidden states given
-                    reset_peak_rss()
-                    state["before"] = rss_mb()
-            logp.mean().backward()
-            model.zero_grad(set_to_none=False)  # gradient buffers stay allocated: not part of the figure
-            return logp.detach().reshape(i.shape[0], -1)
+    def prepare(i: Any, a: Any) -> tuple[Any, Any]:
+        """What the measured call starts from: the ids, or (train) the decoder's hidden states requiring grad."""
+        if mode != "train":
+            return i, a
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model.get_decoder()(input_ids=i, attention_mask=a).last_hidden_state
+        return hidden[:, :-1].reshape(-1, hidden.shape[-1]).detach().requires_grad_(True), i[:, 1:].reshape(-1)
 
-    state: dict[str, float] = {}
-    call(ids[:1, :16], mask[:1, :16])  # warm-up: lazy initialisation, kernel selection, gradient buffers
+    def call(x: tuple[Any, Any]) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(mode != "no_grad"):
+            if mode == "train":
+                logp = naive_head_logprobs(head, *x) if naive else head_logprobs(head, *x)[0]
+            else:
+                logp = naive_logprobs(model, *x) if naive else token_logprobs(model, *x)[:, 1:]
+            if logp.requires_grad:
+                logp.mean().backward()
+                model.zero_grad(set_to_none=False)  # gradient buffers stay allocated: not part of the figure
+        return logp.detach().flatten()
+
+    call(prepare(ids[:1, :16], mask[:1, :16]))  # warm-up: lazy initialisation, kernel selection, gradient buffers
+    x = prepare(ids, mask)
     reset_peak_rss()
-    state["before"] = rss_mb()
+    before = rss_mb()
     start = time.perf_counter()
-    logp = call(ids, mask)
+    logp = call(x)
     seconds = time.perf_counter() - start
-    peak = peak_rss_mb() - state["before"]
+    peak = peak_rss_mb() - before
     torch.save(logp, Path(_logp_file(variant, mode)))
     return {"peak_mb": peak, "seconds": seconds, "vocab": vocab, "shape": [rows, length]}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,6 @@ def warm_start() -> Path:
 
 
 def child(batch_size: int, model: str, steps: int, overrides: list[str]) -> dict[str, Any]:
-    import os
-
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from mempo.config import compose_config
     from mempo.entry import fit_rl

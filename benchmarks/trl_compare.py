@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +46,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log, run_child, write_json  # noqa: E402
+
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
 
 
@@ -213,21 +214,16 @@ def summarize(res: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
     return statistics.median(st["s"] for st in timed), sum(st["tokens"] for st in timed), split
 
 
-def side(args: argparse.Namespace, s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
-    """Run one side in its own process; -> its result, or {"error": the last lines of its output}."""
-    out = Path(work) / f"{which}.json"
-    cmd = [sys.executable, __file__, "--side", which, "--settings", s["file"], "--work", work, "--out", str(out)]
-    print(f"[trl_compare] running {which} ...", flush=True)
+def side(s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
+    """Run one side in its own process; -> its result, or {"error": its last line naming an exception}."""
+    log(f"trl_compare: running {which}")
     t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    print(f"[trl_compare] {which}: {time.perf_counter() - t0:.0f} s wall (process)", flush=True)
-    if proc.returncode != 0 or not out.exists():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        err = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else "")
-        print("\n".join(tail), file=sys.stderr)
-        return {"error": err.removeprefix("[rank0]:").strip()}
-    return json.loads(out.read_text())
+    res = run_child(__file__, ["--side", which, "--settings", s["file"], "--work", work])
+    log(f"trl_compare: {which}: {time.perf_counter() - t0:.0f} s wall (process)")
+    if "error" in res:
+        print("\n".join(res["output_tail"]), file=sys.stderr)
+        return {"error": res["cause"] or res["error"]}
+    return res
 
 
 def main() -> None:
@@ -239,13 +235,12 @@ def main() -> None:
     p.add_argument("--side", choices=["mempo", *(f"trl:{c}" for c in TRL_CONFIGS)], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
 
     if args.side:  # a child process: run one side, write its result
         s = json.loads(Path(args.settings).read_text())
         res = run_mempo(s, args.work) if args.side == "mempo" else run_trl(s, args.work, args.side.split(":")[1])
-        args.out.write_text(json.dumps(res))
+        write_json(args.json, res)
         return
 
     K, n = (2, 32) if args.quick else (4, 64)
@@ -255,10 +250,10 @@ def main() -> None:
         s["prompts"] = task_rows(s)
         s["file"] = str(Path(work) / "settings.json")
         Path(s["file"]).write_text(json.dumps(s))
-        mempo = side(args, s, "mempo", work)
+        mempo = side(s, "mempo", work)
         if "error" in mempo:
             raise SystemExit(f"mempo side failed: {mempo['error']}")
-        trl = {c: side(args, s, f"trl:{c}", work) for c in args.trl_configs.split(",")}
+        trl = {c: side(s, f"trl:{c}", work) for c in args.trl_configs.split(",")}
     mempo_s, mempo_tok, split = summarize(mempo)
     for c, r in trl.items():  # both sides trained on the same prompts, step by step
         if "error" not in r:
@@ -305,8 +300,7 @@ def main() -> None:
     print(f"mempo split (s): {result['mempo_split']}")
     print(f"ratio mempo / trl ({best}) = {result['ratio']:.3f}  (target <= 0.5)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
