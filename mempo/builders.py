@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file
-from mempo.data.synthetic import SyntheticWorld
+from mempo.data.synthetic import SyntheticWorld, split_questions
 from mempo.data.tasks import Task
 from mempo.losses import LossConfig
 from mempo.rollout.agent import AgentConfig
@@ -54,11 +54,12 @@ def corpus_path(cfg: DictConfig) -> Path:
         return path
     from mempo.models.loading import cache_root
 
-    path = cache_root(cache_dir(cfg)) / "corpora" / f"synthetic-world-{cfg.data.world_seed}.jsonl"
+    # The training world and its held-out world in one index (mempo.data.synthetic: the entity-level split).
+    path = cache_root(cache_dir(cfg)) / "corpora" / f"synthetic-world-{cfg.data.world_seed}-with-heldout.jsonl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        synthetic_world(cfg).write_corpus(tmp)
+        synthetic_world(cfg).write_corpus(tmp, with_heldout=True)
         tmp.replace(path)
     return path
 
@@ -83,10 +84,11 @@ def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
 def build_tasks(
     cfg: DictConfig, split: str, *, num_tasks: int | None = None, objectives: int | None = None
 ) -> list[Task]:
-    """Tasks of ``split`` ("train", "val", "test") with ``data.objectives`` (or ``objectives``) questions each."""
+    """Tasks of ``split`` ("train", "val", "test") with ``data.objectives`` (or ``objectives``) questions each.
+    Synthetic "val"/"test" tasks ask about the held-out world only (``split_questions``)."""
     n_obj = objectives or cfg.data.objectives
     if cfg.data.source == "synthetic":
-        questions = [q.question for q in synthetic_world(cfg).questions(split, seed=cfg.seed)]
+        questions = [q.question for q in split_questions(synthetic_world(cfg), split, seed=cfg.seed)]
     else:
         files = cfg.data.train_files if split == "train" else cfg.data.val_files
         if not files:

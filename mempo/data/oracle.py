@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import iter_json_rows, require_answers, require_str
-from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld
+from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld, split_questions
 from mempo.data.tasks import Question, Task
 from mempo.rollout.format import Tags, format_turn
 
@@ -92,12 +92,13 @@ def oracle_dataset(
     seed: int = 0,
     tags: Tags = Tags(),
 ) -> list[tuple[Task, list[str]]]:
-    """(task, teacher turns) pairs over ``world``'s ``split`` questions, composed by ``compose_tasks``
-    with ``seed`` (which also picks the split); task ids are ``f"syn-{split}-{k}"``."""
-    chained = world.questions(split, seed=seed)
+    """(task, teacher turns) pairs over ``world``'s ``split`` questions (``split_questions``: "train" asks about
+    ``world``, "val"/"test" about its held-out world), composed by ``compose_tasks`` with ``seed``; task ids are
+    ``f"syn-{split}-n{objectives}-{k}"``."""
+    chained = split_questions(world, split, seed=seed)
     by_qid = {c.question.qid: c for c in chained}
     tasks = compose_tasks(
-        [c.question for c in chained], objectives, num_tasks=num_tasks, seed=seed, prefix=f"syn-{split}"
+        [c.question for c in chained], objectives, num_tasks=num_tasks, seed=seed, prefix=f"syn-{split}-n{objectives}"
     )
     return [(task, oracle_turns(task, [by_qid[q.qid] for q in task.objectives], tags)) for task in tasks]
 

@@ -14,6 +14,10 @@ Design choices, and why:
   repeats the name in its title and its sentences, every other passage mentions it at most once.
 - Each fact is stated in exactly one passage: the passage of the entity the question's hop looks up.
 - The default world has ~300 passages, so BM25 indexing takes milliseconds.
+- Held-out tasks come from a second world (``heldout_world``) whose every name differs from the training
+  world's: no held-out question asks about anything the training data mentions, so a held-out answer can only
+  come from searching. Both worlds' passages form one corpus (``corpus_passages``), so the agent searches the
+  same index in training and evaluation, and a training-world entity can be a held-out distractor.
 """
 
 from __future__ import annotations
@@ -189,24 +193,36 @@ class SyntheticWorld:
 
     @classmethod
     def generate(
-        cls, seed: int, *, n_people: int = 200, n_orgs: int = 60, n_cities: int = 40, n_countries: int = 12
+        cls,
+        seed: int,
+        *,
+        n_people: int = 200,
+        n_orgs: int = 60,
+        n_cities: int = 40,
+        n_countries: int = 12,
+        reserved: frozenset[str] = frozenset(),
+        id_prefix: str = "",
     ) -> SyntheticWorld:
         """The world of ``seed``: same seed, same world. Needs n_people >= n_orgs >= 1 (every organisation has
-        a distinct founder) and n_cities >= n_countries >= 1 (every country has a capital)."""
+        a distinct founder) and n_cities >= n_countries >= 1 (every country has a capital).
+
+        reserved: lower-case name words the world must not use (another world's ``name_words()``).
+        id_prefix: prepended to every passage id, so two worlds' passages can share one corpus."""
         if not (n_people >= n_orgs >= 1 and n_cities >= n_countries >= 1):
             raise ValueError(
                 "SyntheticWorld.generate: need n_people >= n_orgs >= 1 and n_cities >= n_countries >= 1, got "
                 f"n_people={n_people}, n_orgs={n_orgs}, n_cities={n_cities}, n_countries={n_countries}"
             )
         rng = random.Random(seed)
-        used: set[str] = set()
+        used: set[str] = set(reserved)
         country_names = [_new_word(rng, used, (2, 2), _COUNTRY_ENDINGS) for _ in range(n_countries)]
         # The first n_countries cities are the capitals, so every country has at least one city.
         city_country = list(range(n_countries)) + [rng.randrange(n_countries) for _ in range(n_cities - n_countries)]
         cities = tuple(
-            City(f"city-{i:04d}", _new_word(rng, used, (2, 3), _CODAS), c) for i, c in enumerate(city_country)
+            City(f"{id_prefix}city-{i:04d}", _new_word(rng, used, (2, 3), _CODAS), c)
+            for i, c in enumerate(city_country)
         )
-        countries = tuple(Country(f"country-{i:04d}", name, i) for i, name in enumerate(country_names))
+        countries = tuple(Country(f"{id_prefix}country-{i:04d}", name, i) for i, name in enumerate(country_names))
 
         names = [
             f"{_new_word(rng, used, (2, 3), _CODAS)} {_new_word(rng, used, (2, 3), _CODAS)}" for _ in range(n_people)
@@ -219,12 +235,19 @@ class SyntheticWorld:
             stem = _new_word(rng, used, (1, 2), _CODAS[8:])  # stems end in a consonant: "Brask"
             year = rng.randint(birth_years[founder] + 25, min(birth_years[founder] + 55, 2020))
             name = f"{stem} {rng.choice(_ORG_SUFFIXES)}"
-            orgs.append(Organisation(f"org-{i:04d}", name, stem, year, rng.randrange(n_cities), founder))
+            orgs.append(Organisation(f"{id_prefix}org-{i:04d}", name, stem, year, rng.randrange(n_cities), founder))
         employers = [rng.randrange(n_orgs) for _ in range(n_people)]
         people = tuple(
-            Person(f"person-{i:04d}", names[i], birth_years[i], birth_cities[i], employers[i]) for i in range(n_people)
+            Person(f"{id_prefix}person-{i:04d}", names[i], birth_years[i], birth_cities[i], employers[i])
+            for i in range(n_people)
         )
         return cls(seed, people, tuple(orgs), cities, countries)
+
+    def name_words(self) -> frozenset[str]:
+        """Every invented name word of this world, lower-cased (countries, cities, people, organisation stems)."""
+        words = [c.name for c in self.countries] + [c.name for c in self.cities] + [o.stem for o in self.orgs]
+        words += [part for p in self.people for part in p.name.split()]
+        return frozenset(w.lower() for w in words)
 
     # ---- the corpus ----------------------------------------------------------------------------------------
 
@@ -281,12 +304,13 @@ class SyntheticWorld:
             out.append({"id": pid, "contents": f'"{title}"\n' + " ".join(sentences)})
         return out
 
-    def write_corpus(self, path: str | Path) -> Path:
-        """Write ``passages()`` as JSONL (one ``{"id", "contents"}`` per line); returns the path."""
+    def write_corpus(self, path: str | Path, *, with_heldout: bool = False) -> Path:
+        """Write ``passages()`` (``with_heldout``: ``corpus_passages(self)``, this world's and its held-out
+        world's) as JSONL, one ``{"id", "contents"}`` per line; returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as f:
-            for passage in self.passages():
+            for passage in corpus_passages(self) if with_heldout else self.passages():
                 f.write(json.dumps(passage, ensure_ascii=False) + "\n")
         return path
 
@@ -339,3 +363,31 @@ class SyntheticWorld:
         bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(pool))}
         lo, hi = bounds[split]
         return pool[lo:hi]
+
+
+HELDOUT_SEED_OFFSET = 7919  # the held-out world of world_seed s is generated from seed s + 7919
+HELDOUT_ID_PREFIX = "h-"
+
+
+def heldout_world(train: SyntheticWorld) -> SyntheticWorld:
+    """The world held-out tasks ask about: generated from another seed, with none of ``train``'s name words and
+    passage ids prefixed ``h-`` (module docstring)."""
+    return SyntheticWorld.generate(
+        train.seed + HELDOUT_SEED_OFFSET, reserved=train.name_words(), id_prefix=HELDOUT_ID_PREFIX
+    )
+
+
+def corpus_passages(train: SyntheticWorld) -> list[dict[str, str]]:
+    """The search corpus: the training world's passages, then the held-out world's."""
+    return train.passages() + heldout_world(train).passages()
+
+
+def split_questions(train: SyntheticWorld, split: str, *, seed: int) -> list[SyntheticQuestion]:
+    """Entity-level split: "train" is every question about ``train`` (in a fixed order); "val" and "test" are the
+    two halves of the held-out world's questions, shuffled by ``seed``. Held-out and training questions share no
+    entity, so no held-out fact appears in any training task or teacher trajectory."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split == "train":
+        return train.all_questions()
+    return heldout_world(train).questions(split, seed=seed, fractions=(0.0, 0.5, 0.5))

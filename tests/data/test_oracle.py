@@ -16,7 +16,7 @@ from mempo.data.oracle import (
     oracle_turns,
     save_trajectories_jsonl,
 )
-from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld
+from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld, corpus_passages, heldout_world
 from mempo.data.tasks import Task
 from mempo.rollout import format as turn_format
 from mempo.rollout.format import Tags, format_turn
@@ -29,7 +29,8 @@ def world() -> SyntheticWorld:
 
 @pytest.fixture(scope="module")
 def chains(world: SyntheticWorld) -> dict[str, SyntheticQuestion]:
-    return {q.question.qid: q for q in world.all_questions()}
+    """Every chain of the training world and of its held-out world (the "val"/"test" splits ask about it)."""
+    return {q.question.qid: q for w in (world, heldout_world(world)) for q in w.all_questions()}
 
 
 def turn_pattern(tags: Tags) -> re.Pattern[str]:
@@ -92,8 +93,8 @@ def test_memory_keeps_exactly_what_later_turns_need(world, chains) -> None:
 
 def test_memory_holds_what_the_previous_search_returned(world, chains) -> None:
     """With a real BM25 index over the corpus: the top passage of turn t-1's query states the answer that the
-    memory written at turn t records."""
-    passages = world.passages()
+    memory written at turn t records. The corpus holds both worlds, as the agent's index does."""
+    passages = corpus_passages(world)
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize([p["contents"] for p in passages], show_progress=False), show_progress=False)
     for task, _ in oracle_dataset(world, "test", 3, num_tasks=10, seed=3):
