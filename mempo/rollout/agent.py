@@ -265,11 +265,17 @@ def collect(
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """rollout/* metrics of a batch."""
+    """rollout/* metrics of a batch. ``rollout/zero_adv_groups``: the fraction of groups (tasks) whose rollouts all
+    got the same reward, so their trajectory advantage is 0 for every token: the first thing to look at when
+    learning stalls (all 0: the task is too hard for the policy; all 1: too easy)."""
     trajs = batch.trajectories
     n = max(len(trajs), 1)
     samples = batch.samples
+    group_rewards: dict[int, set[float]] = {}
+    for t in trajs:
+        group_rewards.setdefault(t.group_id, set()).add(t.reward)
     return {
+        "rollout/zero_adv_groups": sum(len(r) == 1 for r in group_rewards.values()) / max(len(group_rewards), 1),
         "rollout/reward_mean": sum(t.reward for t in trajs) / n,
         "rollout/format_ok": sum(t.format_ok for t in trajs) / n,
         "rollout/answered": sum(t.finish == "answer" for t in trajs) / n,
