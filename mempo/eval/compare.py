@@ -9,14 +9,17 @@ which is the memory analysis of mempo.md §2 (MemPO's memory advantage should sh
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mempo.data.synthetic import SyntheticQuestion
 from mempo.data.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
+from mempo.eval.failures import failure_tally
+from mempo.eval.stats import bootstrap_ci
 from mempo.models.scoring import answer_probabilities
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, Trajectory
 from mempo.rollout.prompts import PromptBuilder
@@ -43,6 +46,7 @@ class GridResult:
     rows: list[dict[str, Any]]
     records: list[dict[str, Any]]
     p_ans: list[dict[str, Any]]
+    failures: list[dict[str, Any]] = field(default_factory=list)  # checkpoint, agent, objectives, VERDICTS counts
 
 
 def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
@@ -118,10 +122,13 @@ def evaluate_grid(
     policy: torch.nn.Module | None = None,
     pad_id: int = 0,
     bf16: bool = False,
+    chains: Mapping[str, SyntheticQuestion] | None = None,
 ) -> GridResult:
     """Every agent in ``spec.agents`` on every task set of ``tasks_by_n`` (one rollout per task), with ``sampler``.
 
     ``policy`` (the sampler's weights as a HF model) scores each memory; None skips the memory analysis.
+    Rows carry 95% bootstrap intervals of EM and F1 over tasks (``em_lo``, ``em_hi``, ``f1_lo``, ``f1_hi``).
+    ``chains`` (qid -> reasoning chain, synthetic data) adds a failure tally per row (``mempo.eval.failures``).
     """
     out = GridResult([], [], [])
     for n, tasks in tasks_by_n.items():
@@ -136,8 +143,13 @@ def evaluate_grid(
                 reward_kind=spec.reward_kind,
                 greedy=spec.greedy,
             )
-            out.rows.append({**keys, "tasks": len(tasks), **{k.split("/", 1)[1]: v for k, v in metrics.items()}})
+            row = {**keys, "tasks": len(tasks), **{k.split("/", 1)[1]: v for k, v in metrics.items()}}
             records = [trajectory_record(t, **keys) for t in batch.trajectories]
+            for m in ("em", "f1"):
+                _, row[f"{m}_lo"], row[f"{m}_hi"] = bootstrap_ci([r[m] for r in records])
+            out.rows.append(row)
+            if chains is not None:
+                out.failures.append({**keys, **failure_tally(batch.trajectories, chains)})
             if policy is not None:
                 scored = memory_p_ans(policy, builder, batch, pad_id=pad_id, bf16=bf16)
                 by_turn = {(r["traj_id"], r["turn"]): r["p_ans"] for r in scored}
@@ -162,7 +174,16 @@ def run_eval(cfg: Any) -> dict[str, Any]:
 
     -> {"rows", "out", "files"}.
     """
-    from mempo.builders import build_agent_config, build_builder, build_env, build_sampler, build_tasks, run_path
+    from mempo.builders import (
+        build_agent_config,
+        build_builder,
+        build_env,
+        build_sampler,
+        build_tasks,
+        run_path,
+        synthetic_world,
+    )
+    from mempo.data.synthetic import split_questions
     from mempo.eval.report import log_to_wandb, write_report
     from mempo.models.loading import load_policy, resolve_model_path
 
@@ -175,6 +196,9 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     )
     tasks_by_n = {n: build_tasks(cfg, "val", num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
     agent = build_agent_config(cfg, greedy=cfg.eval.greedy)
+    chains = None
+    if cfg.data.source == "synthetic":
+        chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), "val", seed=cfg.seed)}
     total = GridResult([], [], [])
     for label, name in checkpoint_folders(cfg).items():
         folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
@@ -194,12 +218,14 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 policy=policy,
                 pad_id=pad_id,
                 bf16=cfg.trainer.precision.startswith("bf16"),
+                chains=chains,
             )
         finally:
             sampler.shutdown()
         total.rows += res.rows
         total.records += res.records
         total.p_ans += res.p_ans
+        total.failures += res.failures
         del policy
     files = write_report(out, total, num_tasks=cfg.eval.num_tasks)
     if cfg.logger.kind == "wandb":

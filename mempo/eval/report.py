@@ -13,7 +13,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-TABLE_COLUMNS = ["checkpoint", "agent", "objectives", "tasks", "em", "f1", "reward", "format_fail", "turns", "tt", "pt"]
+TABLE_COLUMNS = [
+    "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
+    "format_fail", "turns", "tt", "pt",
+]  # fmt: skip
 P_ANS_COLUMNS = ["checkpoint", "agent", "objectives", "task_id", "turn", "p_ans"]
 AGENT_LABELS = {"memory": "memory (MemPO)", "full_history": "full history (ReAct)"}
 AGENT_STYLES = {"memory": "-", "full_history": "--"}
@@ -184,6 +187,11 @@ def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
     _atomic(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
     _write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
     _write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
+    if result.failures:
+        from mempo.eval.failures import VERDICTS
+
+        files["failures"] = out / "failures.md"
+        _atomic(files["failures"], markdown_table(result.failures, ["checkpoint", "agent", "objectives", *VERDICTS]))
     files["f1_vs_objectives"] = plot_f1(result.rows, out / "f1_vs_objectives.png", num_tasks=num_tasks)
     files["tokens_vs_objectives"] = plot_tokens(result.rows, out / "tokens_vs_objectives.png", num_tasks=num_tasks)
     files["p_ans_by_turn"] = plot_p_ans(result.p_ans, out / "p_ans_by_turn.png")
