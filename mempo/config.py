@@ -154,12 +154,14 @@ class LoggerSchema:
 @dataclass
 class SFTSchema:
     trajectories: str | None = None  # JSONL of teacher trajectories; null = the synthetic oracle's
-    num_tasks: int = 256
-    objectives: int | None = None  # null = data.objectives
+    num_tasks: int = 256  # teacher tasks per entry of sft.objectives
+    objectives: list[int] | None = None  # questions per task, one task set each; null = [data.objectives]
     batch_size: int = 8
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_steps: int = 4
+    lr_schedule: str = "cosine"  # constant | cosine (to min_lr_ratio * lr at the last step)
+    min_lr_ratio: float = 0.1
     epochs: int = 1
     max_steps: int = -1
 
@@ -228,6 +230,7 @@ def check_values(cfg: DictConfig) -> None:
     _choice("loss.agg", cfg.loss.agg, AGG_MODES)
     _choice("advantage.estimator", cfg.advantage.estimator, tuple(sorted(ADVANTAGE_ESTIMATORS)))
     _choice("optim.old_logp", cfg.optim.old_logp, ("auto", "sampler", "recompute"))
+    _choice("sft.lr_schedule", cfg.sft.lr_schedule, ("constant", "cosine"))
     checks = [
         ("data.group_size", cfg.data.group_size >= 2, "must be >= 2 (GRPO needs a group)"),
         ("data.batch_size", cfg.data.batch_size >= 1, "must be >= 1"),
@@ -247,6 +250,12 @@ def check_values(cfg: DictConfig) -> None:
         ("sft.batch_size", cfg.sft.batch_size >= 1, "must be >= 1"),
         ("sft.lr", cfg.sft.lr > 0.0, "must be > 0"),
         ("sft.num_tasks", cfg.sft.num_tasks >= 1, "must be >= 1"),
+        (
+            "sft.objectives",
+            cfg.sft.objectives is None or (len(cfg.sft.objectives) > 0 and min(cfg.sft.objectives) >= 1),
+            "must be null or a non-empty list of numbers >= 1",
+        ),
+        ("sft.min_lr_ratio", 0.0 <= cfg.sft.min_lr_ratio <= 1.0, "must be in [0, 1]"),
         ("eval.num_tasks", cfg.eval.num_tasks >= 1, "must be >= 1"),
         ("eval.objectives", len(cfg.eval.objectives) > 0 and min(cfg.eval.objectives) >= 1, "must be >= 1 each"),
         (

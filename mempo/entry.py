@@ -187,6 +187,11 @@ def fit_rl(
             last_error=e.last_error,
         ) from e
     hf = _export(module.policy, module.tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
+    curves = None
+    if trainer.is_global_zero and (out / "metrics.csv").is_file():
+        from mempo.eval.curves import plot_runs
+
+        curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
     summary = {
         "stage": "rl",
         "name": cfg.name,
@@ -194,6 +199,7 @@ def fit_rl(
         "wall_s": time.perf_counter() - start,
         "hf_folder": str(hf),
         "checkpoint": str(ckpt.last_path),
+        "curves": curves,
         "last_metrics": module.last_metrics,
     }
     if trainer.is_global_zero:
@@ -219,15 +225,14 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     )
     if s.trajectories:
         trajectories = load_trajectories_jsonl(s.trajectories)
-    else:
-        trajectories = oracle_dataset(
-            synthetic_world(cfg),
-            "train",
-            s.objectives or cfg.data.objectives,
-            num_tasks=s.num_tasks,
-            seed=cfg.seed,
-            tags=build_tags(cfg),
-        )
+    else:  # one task set per entry of sft.objectives (e.g. [1, 2]: single- and two-question tasks mixed)
+        trajectories = [
+            item
+            for n_obj in (s.objectives or [cfg.data.objectives])
+            for item in oracle_dataset(
+                synthetic_world(cfg), "train", n_obj, num_tasks=s.num_tasks, seed=cfg.seed, tags=build_tags(cfg)
+            )
+        ]
     examples = build_sft_examples(
         trajectories,
         build_builder(cfg, tokenizer),
@@ -237,7 +242,16 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         tags=build_tags(cfg),
     )
     loader = sft_dataloader(examples, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
-    module = SFTModule(policy, lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps)
+    total = len(loader) * s.epochs if s.max_steps < 0 else min(s.max_steps, len(loader) * s.epochs)
+    module = SFTModule(
+        policy,
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        warmup_steps=s.warmup_steps,
+        total_steps=total,
+        lr_schedule=s.lr_schedule,
+        min_lr_ratio=s.min_lr_ratio,
+    )
     trainer = _trainer(cfg, out, [], max_steps=s.max_steps, max_epochs=s.epochs)
     trainer.fit(module, train_dataloaders=loader)
     hf = _export(policy, tokenizer, out / "hf")
@@ -247,9 +261,17 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         "trajectories": len(trajectories),
         "steps": trainer.global_step,
         "final_loss": float(trainer.callback_metrics.get("sft/loss", float("nan"))),
+        "tokens": module.tokens_seen,
+        "target_tokens": module.target_tokens_seen,
+        "train_s": module.train_s,
+        "tok_per_s": module.tokens_seen / max(module.train_s, 1e-9),
         "wall_s": time.perf_counter() - start,
         "hf_folder": str(hf),
     }
+    print(
+        f"[mempo] warm start: {len(trajectories)} teacher tasks, {len(examples)} turns, {trainer.global_step} steps, "
+        f"{summary['tok_per_s']:.0f} tok/s, final loss {summary['final_loss']:.3f}"
+    )
     _write_json(out / "summary.json", summary)
     return summary
 
@@ -257,11 +279,10 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
 @stage("demo")
 def demo(cfg: DictConfig) -> dict[str, Any]:
     """The embedded default end to end: warm start (skipped when its checkpoint exists), MemPO RL from it, then a
-    greedy evaluation of both on held-out tasks, with a summary table."""
-    from mempo.builders import build_agent_config, build_builder, build_env, build_eval_sampler, build_tasks, run_path
-    from mempo.eval.evaluate import evaluate_agent
-    from mempo.eval.report import markdown_table
-    from mempo.models.loading import load_tokenizer
+    greedy evaluation of both on the same held-out tasks (``eval.objectives`` x ``eval.num_tasks``), with 95%
+    bootstrap intervals and the paired difference RL - warm start."""
+    from mempo.builders import run_path
+    from mempo.eval.compare import run_eval
 
     start = time.perf_counter()
     out = run_path(cfg)
@@ -278,43 +299,76 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     phases["sft_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    print("[mempo] phase 2/3: MemPO RL from the warm start")
+    print(f"[mempo] phase 2/3: {cfg.trainer.max_steps} RL steps from the warm start")
     rl_cfg = with_overrides(cfg, {"stage": "rl", "run_dir": str(rl_dir), "model.name_or_path": str(sft_hf)})
     _, rl_summary = fit_rl(rl_cfg)
     phases["rl_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    print(f"[mempo] phase 3/3: greedy evaluation on {cfg.eval.num_tasks} held-out tasks")
-    tokenizer = load_tokenizer(sft_hf)
-    env, builder = build_env(cfg, tokenizer), build_builder(cfg, tokenizer)
-    tasks = build_tasks(cfg, "val", num_tasks=cfg.eval.num_tasks)
-    rows = []
-    for label, folder in (("warm start (SFT)", sft_hf), ("MemPO RL", rl_dir / "hf")):
-        sampler = build_eval_sampler(cfg, folder)
-        try:
-            metrics, _ = evaluate_agent(sampler, env, tasks, builder, build_agent_config(cfg, greedy=True))
-        finally:
-            sampler.shutdown()
-        rows.append({"model": label, **{k.split("/")[1]: v for k, v in metrics.items()}})
+    n_list = list(cfg.eval.objectives)
+    print(f"[mempo] phase 3/3: greedy evaluation on {cfg.eval.num_tasks} held-out tasks per N = {n_list}")
+    labels = {"warm_start": str(sft_hf), "rl": str(rl_dir / "hf")}
+    folders = "{" + ", ".join(f"{k}: '{v}'" for k, v in labels.items()) + "}"
+    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders}))
     phases["eval_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
-    table = markdown_table(rows, ["model", "em", "f1", "reward", "format_fail", "turns", "tt", "pt"])
+    table = heldout_table(ev["rows"], Path(ev["out"]) / "results.jsonl", list(labels))
     summary = {
         "stage": "demo",
         "phases": phases,
         "sft": sft_summary,
         "rl": rl_summary,
-        "eval": rows,
-        "eval_tasks": len(tasks),
-        "objectives": cfg.data.objectives,
+        "eval": ev["rows"],
+        "eval_tasks": cfg.eval.num_tasks,
+        "objectives": list(cfg.eval.objectives),
     }
     _write_json(out / "summary.json", summary)
     (out / "summary.md").write_text(table + "\n")
     print(f"\n{table}\n")
     print(
         f"[mempo] done in {phases['total_s']:.0f} s (warm start {phases['sft_s']:.0f} s, RL {phases['rl_s']:.0f} s, "
-        f"eval {phases['eval_s']:.0f} s). {rl_summary['steps']} RL steps on a 135M model is a smoke test of the "
-        f"pipeline, not a reproduction: expect differences between the rows to be noise at this scale."
+        f"eval {phases['eval_s']:.0f} s)."
     )
-    print(f"[mempo] outputs: {out}")
+    print(f"[mempo] learning curves: {rl_summary.get('curves')}")
+    print(f"[mempo] evaluation: {ev['out']} (table.md, failures.md, results.jsonl, figures)")
     return summary
+
+
+def heldout_table(rows: list[dict[str, Any]], results_jsonl: Path, labels: list[str]) -> str:
+    """The demo's summary: per checkpoint and N, EM and F1 with 95% bootstrap intervals; per N, the paired
+    difference (second checkpoint - first) over the same tasks, with its interval and whether it excludes 0."""
+    from mempo.eval.report import markdown_table
+    from mempo.eval.stats import fmt_ci, paired_bootstrap_diff
+
+    records = [json.loads(line) for line in results_jsonl.read_text().splitlines() if line.strip()]
+    table_rows = []
+    for r in rows:
+        table_rows.append({
+            "model": r["checkpoint"],
+            "N": r["objectives"],
+            "tasks": r["tasks"],
+            "EM [95% CI]": fmt_ci(r["em"], r["em_lo"], r["em_hi"]),
+            "F1 [95% CI]": fmt_ci(r["f1"], r["f1_lo"], r["f1_hi"]),
+            "format_fail": r["format_fail"],
+            "turns": r["turns"],
+            "tt": r["tt"],
+            "pt": r["pt"],
+        })  # fmt: skip
+    cols = ["model", "N", "tasks", "EM [95% CI]", "F1 [95% CI]", "format_fail", "turns", "tt", "pt"]
+    lines = [markdown_table(table_rows, cols), ""]
+    first, second = labels[0], labels[1]
+    diff_rows = []
+    for n in sorted({r["objectives"] for r in rows}):
+        by = {
+            lab: {x["task_id"]: x for x in records if x["checkpoint"] == lab and x["objectives"] == n} for lab in labels
+        }
+        ids = sorted(set(by[first]) & set(by[second]))
+        row: dict[str, Any] = {"N": n, "tasks": len(ids)}
+        for m in ("em", "f1"):
+            d = paired_bootstrap_diff([by[first][i][m] for i in ids], [by[second][i][m] for i in ids])
+            verdict = "excludes 0" if d[1] > 0 or d[2] < 0 else "includes 0: not significant"
+            row[f"{m.upper()} diff [95% CI]"] = f"{fmt_ci(*d)} ({verdict})"
+        diff_rows.append(row)
+    lines += [f"{second} minus {first}, paired over the same held-out tasks:", ""]
+    lines.append(markdown_table(diff_rows, ["N", "tasks", "EM diff [95% CI]", "F1 diff [95% CI]"]))
+    return "\n".join(lines)

@@ -1,9 +1,16 @@
 """Supervised warm start (mempo.md §5.1): teacher trajectories replayed through the same prompt builder and
 environment as RL, one example per turn, loss on the teacher's turn tokens only.
+
+The output head and log-softmax run only on the teacher's tokens (``score_mask``): a turn's prompt (system text,
+question, memory, passages) is 4-6x longer than its target, and the 49k-vocabulary head is about a third of the
+model's work per scored token. The learning rate warms up linearly, then decays by a cosine to
+``min_lr_ratio * lr`` over the run (``lr_schedule=cosine``) or stays constant.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,27 +122,78 @@ def sft_dataloader(examples: Sequence[SFTExample], *, batch_size: int, pad_id: i
     return DataLoader(ds, batch_sampler=[batches[i] for i in perm], collate_fn=_Collate(pad_id))
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step`` (0-based): linear warmup over
+    ``warmup_steps``, then 1 (constant) or a cosine from 1 down to ``min_lr_ratio`` at ``total_steps``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 class SFTModule(L.LightningModule):
     """Token-mean negative log-likelihood of the teacher's turn tokens (prompts carry no loss)."""
 
-    def __init__(self, policy: torch.nn.Module, *, lr: float = 1e-4, weight_decay: float = 0.0, warmup_steps: int = 0):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        *,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        total_steps: int = 0,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.1,
+    ):
         super().__init__()
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"sft.lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
         self.policy = policy
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+        self.total_steps, self.lr_schedule, self.min_lr_ratio = total_steps, lr_schedule, min_lr_ratio
+        self.tokens_seen = 0  # every token the model read (prompt + target), for throughput
+        self.target_tokens_seen = 0
+        self.train_s = 0.0
+        self._t0 = 0.0
 
     def on_train_start(self) -> None:
         self.policy.train()  # loaded in eval mode; Lightning keeps modules in the mode it finds them
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.train_s += time.perf_counter() - self._t0
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        logp = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])  # [B, T]
-        mask = batch["target_mask"].to(logp.dtype)
+        target = batch["target_mask"]
+        logp = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], score_mask=target)  # [B, T]
+        mask = target.to(logp.dtype)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
-        self.log("sft/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        self.log("sft/tokens", mask.sum(), batch_size=batch["input_ids"].shape[0])
+        self.tokens_seen += int(batch["attention_mask"].sum())
+        self.target_tokens_seen += int(target.sum())
+        n = batch["input_ids"].shape[0]
+        self.log("sft/loss", loss, prog_bar=True, batch_size=n)
+        self.log("sft/tokens", mask.sum(), batch_size=n)
+        self.log("sft/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         return loss
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.policy.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        w = self.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w > 0 else 1.0)
+
+        def factor(step: int) -> float:
+            return lr_factor(
+                step,
+                warmup_steps=self.warmup_steps,
+                total_steps=self.total_steps,
+                schedule=self.lr_schedule,
+                min_lr_ratio=self.min_lr_ratio,
+            )
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
