@@ -1,0 +1,91 @@
+"""Warm-start (SFT) training throughput: tokens per second of real SmolLM2 steps on the oracle's teacher turns.
+
+    python benchmarks/sft_throughput.py [--steps 6] [--batch-size 8] [--json out.json]
+
+Compares, on the same length-bucketed batches and the trainer's bf16 autocast:
+  head_all     the output head and log-softmax on every position (the warm start before issue 11)
+  head_target  only on the teacher's tokens (``score_mask``, the warm start now)
+Each side: one warm-up step, then ``--steps`` timed optimizer steps (forward, backward, AdamW); figures are the
+median step's tokens per second (prompt + target tokens read) and the ratio head_target / head_all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log, machine, write_json  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from mempo.builders import build_builder, build_env, build_tags, synthetic_world
+    from mempo.config import compose_config
+    from mempo.data.oracle import oracle_dataset
+    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.models.logprobs import token_logprobs
+    from mempo.models.sft import build_sft_examples, sft_dataloader
+
+    cfg = compose_config()
+    path = resolve_model_path(cfg.model.name_or_path, cache_dir=cfg.model.cache_dir)
+    _, tokenizer = load_policy(path, dtype="float32")
+    trajectories = [
+        item for n in (1, 2) for item in oracle_dataset(synthetic_world(cfg), "train", n, num_tasks=24, seed=0)
+    ]
+    examples = build_sft_examples(trajectories, build_builder(cfg, tokenizer), build_env(cfg, tokenizer))
+    batches = list(sft_dataloader(examples, batch_size=args.batch_size, pad_id=tokenizer.pad_token_id, seed=0))
+    batches = batches[: args.steps + 1]
+    results = {}
+    for side in ("head_all", "head_target"):
+        policy, _ = load_policy(path, dtype="float32")  # a fresh copy: both sides start from the same weights
+        policy.train()
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+        rates = []
+        for i, b in enumerate(batches):
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                mask = b["target_mask"] if side == "head_target" else None
+                logp = token_logprobs(policy, b["input_ids"], b["attention_mask"], score_mask=mask)
+                tgt = b["target_mask"].to(logp.dtype)
+                loss = -(logp * tgt).sum() / tgt.sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            if i > 0:  # the first step warms up allocators and kernels
+                rates.append(float(b["attention_mask"].sum()) / dt)
+        results[side] = {"tok_per_s_median": statistics.median(rates), "tok_per_s": rates}
+        log(f"{side}: {statistics.median(rates):.0f} tok/s (median of {len(rates)} steps, {min(rates):.0f}-"
+            f"{max(rates):.0f})")  # fmt: skip
+        del policy, opt
+    ratio = results["head_target"]["tok_per_s_median"] / results["head_all"]["tok_per_s_median"]
+    tokens = [int(b["attention_mask"].sum()) for b in batches[1:]]
+    targets = [int(b["target_mask"].sum()) for b in batches[1:]]
+    log(f"head_target / head_all = {ratio:.2f}x; {statistics.mean(tokens):.0f} tokens per batch, "
+        f"{100 * sum(targets) / sum(tokens):.0f}% of them teacher tokens")  # fmt: skip
+    out = {
+        "machine": machine(),
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "tokens_per_batch_mean": statistics.mean(tokens),
+        "target_fraction": sum(targets) / sum(tokens),
+        **results,
+        "ratio": ratio,
+    }
+    if args.json:
+        write_json(args.json, out)
+
+
+if __name__ == "__main__":
+    main()
