@@ -2,7 +2,8 @@
 
     python benchmarks/sft_throughput.py [--steps 6] [--batch-size 8] [--json out.json]
 
-Compares, on the same length-bucketed batches and the trainer's bf16 autocast:
+Compares, on the same length-bucketed batches and the trainer's precision (``--precision auto``: bf16 autocast on
+CPUs with native bf16, else float32; ``--precision both`` adds the head_target side under the other one):
   head_all     the output head and log-softmax on every position (the warm start before issue 11)
   head_target  only on the teacher's tokens (``score_mask``, the warm start now)
 Each side: one warm-up step, then ``--steps`` timed optimizer steps (forward, backward, AdamW); figures are the
@@ -25,13 +26,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--precision", choices=("auto", "32", "bf16", "both"), default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     import torch
 
-    from mempo.builders import build_builder, build_env, build_tags, synthetic_world
-    from mempo.config import compose_config
+    from mempo.builders import build_builder, build_env, synthetic_world
+    from mempo.config import compose_config, cpu_has_bf16
     from mempo.data.oracle import oracle_dataset
     from mempo.models.loading import load_policy, resolve_model_path
     from mempo.models.logprobs import token_logprobs
@@ -46,16 +48,23 @@ def main() -> None:
     examples = build_sft_examples(trajectories, build_builder(cfg, tokenizer), build_env(cfg, tokenizer))
     batches = list(sft_dataloader(examples, batch_size=args.batch_size, pad_id=tokenizer.pad_token_id, seed=0))
     batches = batches[: args.steps + 1]
+    native = "bf16" if cpu_has_bf16() else "32"
+    main_precision = native if args.precision in ("auto", "both") else args.precision
+    sides = [("head_all", main_precision), ("head_target", main_precision)]
+    if args.precision == "both":
+        sides.append(("head_target_" + ("32" if main_precision == "bf16" else "bf16"), "32" if main_precision ==
+                      "bf16" else "bf16"))  # fmt: skip
+    log(f"CPU native bf16: {cpu_has_bf16()}; precision {main_precision}")
     results = {}
-    for side in ("head_all", "head_target"):
+    for side, precision in sides:
         policy, _ = load_policy(path, dtype="float32")  # a fresh copy: both sides start from the same weights
         policy.train()
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-5)
         rates = []
         for i, b in enumerate(batches):
             t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                mask = b["target_mask"] if side == "head_target" else None
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                mask = None if side == "head_all" else b["target_mask"]
                 logp = token_logprobs(policy, b["input_ids"], b["attention_mask"], score_mask=mask)
                 tgt = b["target_mask"].to(logp.dtype)
                 loss = -(logp * tgt).sum() / tgt.sum()
@@ -65,7 +74,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
             if i > 0:  # the first step warms up allocators and kernels
                 rates.append(float(b["attention_mask"].sum()) / dt)
-        results[side] = {"tok_per_s_median": statistics.median(rates), "tok_per_s": rates}
+        results[side] = {"tok_per_s_median": statistics.median(rates), "tok_per_s": rates, "precision": precision}
         log(f"{side}: {statistics.median(rates):.0f} tok/s (median of {len(rates)} steps, {min(rates):.0f}-"
             f"{max(rates):.0f})")  # fmt: skip
         del policy, opt
@@ -77,6 +86,7 @@ def main() -> None:
     out = {
         "machine": machine(),
         "batch_size": args.batch_size,
+        "cpu_native_bf16": cpu_has_bf16(),
         "steps": args.steps,
         "tokens_per_batch_mean": statistics.mean(tokens),
         "target_fraction": sum(targets) / sum(tokens),

@@ -91,13 +91,15 @@ def _logger(cfg: DictConfig, out: Path) -> Any:
 def _trainer(cfg: DictConfig, out: Path, callbacks: list, *, max_steps: int, max_epochs: int | None = None) -> Any:
     import lightning as L
 
+    from mempo.config import resolve_precision
+
     t = cfg.trainer
     return L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=t.precision,
+        precision=resolve_precision(t.precision, t.accelerator),
         max_steps=max_steps,
         max_epochs=max_epochs if max_epochs is not None else -1,
         logger=_logger(cfg, out),

@@ -183,6 +183,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
         run_path,
         synthetic_world,
     )
+    from mempo.config import resolve_precision
     from mempo.data.synthetic import split_questions
     from mempo.eval.report import log_to_wandb, write_report
     from mempo.models.loading import load_policy, resolve_model_path
@@ -217,7 +218,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 checkpoint=label,
                 policy=policy,
                 pad_id=pad_id,
-                bf16=cfg.trainer.precision.startswith("bf16"),
+                bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
                 chains=chains,
             )
         finally:
