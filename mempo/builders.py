@@ -131,6 +131,7 @@ def build_memory_config(cfg: DictConfig) -> Any:
         normalize=cfg.memory.normalize,
         estimator=cfg.advantage.estimator,
         scale=cfg.advantage.scale,
+        log_p_ans=cfg.memory.log_p_ans,
     )
 
 

@@ -101,6 +101,7 @@ class MemorySchema:
     baseline: str = "previous_memory"
     normalize: str = "pooled"
     include_tags: bool = True
+    log_p_ans: bool = False  # score memories even with the memory advantage off (memory/p_ans_mean of ablations)
 
 
 @dataclass
@@ -174,6 +175,7 @@ class EvalSchema:
     greedy: bool = True
     checkpoints: dict[str, str] | None = None  # label -> HF folder; null = model.name_or_path
     every_n_steps: int = 0  # in-training validation on data.num_val_tasks val tasks every k RL steps; 0 = off
+    score_memories: bool = True  # P(ans | q, m) of every memory of the evaluation (a forward per memory)
     max_trajectories: int = 8  # sample trajectories per checkpoint x agent x N in the W&B table
 
 

@@ -216,7 +216,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 agent,
                 spec,
                 checkpoint=label,
-                policy=policy,
+                policy=policy if cfg.eval.score_memories else None,
                 pad_id=pad_id,
                 bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
                 chains=chains,

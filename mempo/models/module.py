@@ -67,6 +67,7 @@ class MemoryConfig:
     normalize: str = "pooled"
     estimator: str = "mempo"
     scale: bool = True
+    log_p_ans: bool = False  # score memories even when the estimator does not use them (logs memory/p_ans_mean)
 
 
 class MemPOModule(L.LightningModule):
@@ -123,10 +124,11 @@ class MemPOModule(L.LightningModule):
 
     def memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (R^M [N], mem_valid [N], P(ans | q, m) [N]) over the batch's turn samples (Eq. 4, 5). Without the
-        memory advantage (``uses_memory_rewards`` false) no forward runs and R^M = P = 0."""
+        memory advantage (``uses_memory_rewards`` false) no forward runs and R^M = P = 0, unless ``log_p_ans``
+        asks for the scores anyway (an ablation's P(ans | mem) curve; its advantages do not read them)."""
         samples = batch.samples
         valid = torch.tensor([s.parsed.ok and bool(s.parsed.memory) for s in samples], dtype=torch.bool)
-        if not self.uses_memory_rewards:
+        if not self.scores_memories:
             return torch.zeros(len(samples)), valid, torch.zeros(len(samples))
         tasks = {t.group_id: t.task for t in batch.trajectories}
         group_order = sorted(tasks)
@@ -159,6 +161,11 @@ class MemPOModule(L.LightningModule):
         """False when the estimator cannot use R^M (GRPO, or any estimator with alpha = 0, the weight of the memory
         advantage): the scoring forward over every memory is then skipped."""
         return self.memory_cfg.alpha != 0 and self.memory_cfg.estimator != "grpo"
+
+    @property
+    def scores_memories(self) -> bool:
+        """Whether a step runs the memory-scoring forward: for the advantage, or only to log P(ans | q, m)."""
+        return self.uses_memory_rewards or self.memory_cfg.log_p_ans
 
     def advantages(
         self, x: dict[str, torch.Tensor], mem_rewards: torch.Tensor, mem_valid: torch.Tensor
@@ -229,7 +236,7 @@ class MemPOModule(L.LightningModule):
             "perf/response_tokens": float(x["response_mask"].sum()),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
-        if self.uses_memory_rewards:
+        if self.scores_memories:
             metrics["memory/p_ans_mean"] = float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0
             metrics["memory/reward_mean"] = float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0
         self.last_metrics = metrics
