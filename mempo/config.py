@@ -175,6 +175,7 @@ class EvalSchema:
     greedy: bool = True
     checkpoints: dict[str, str] | None = None  # label -> HF folder; null = model.name_or_path
     every_n_steps: int = 0  # in-training validation on data.num_val_tasks val tasks every k RL steps; 0 = off
+    turn_slack: int | None = 1  # tasks of N objectives get 2N + 1 + turn_slack turns; null = agent.max_turns
     score_memories: bool = True  # P(ans | q, m) of every memory of the evaluation (a forward per memory)
     max_trajectories: int = 8  # sample trajectories per checkpoint x agent x N in the W&B table
 
@@ -266,6 +267,7 @@ def check_values(cfg: DictConfig) -> None:
             f"must be a non-empty subset of {list(CONTEXT_MODES)}",
         ),
         ("eval.every_n_steps", cfg.eval.every_n_steps >= 0, "must be >= 0"),
+        ("eval.turn_slack", cfg.eval.turn_slack is None or cfg.eval.turn_slack >= 0, "must be null or >= 0"),
         ("data.num_val_tasks", cfg.data.num_val_tasks >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:

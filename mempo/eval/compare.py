@@ -36,6 +36,9 @@ class EvalSpec:
     agents: tuple[str, ...] = ("memory", "full_history")
     greedy: bool = True
     reward_kind: str = "all_em"
+    # Tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs at most 2N + 1: two hops per
+    # objective and the answer); None = agent.max_turns for every N.
+    turn_slack: int | None = None
 
 
 @dataclass
@@ -134,12 +137,13 @@ def evaluate_grid(
     for n, tasks in tasks_by_n.items():
         for context in spec.agents:
             keys = {"checkpoint": checkpoint, "agent": context, "objectives": n}
+            turns = agent.max_turns if spec.turn_slack is None else 2 * n + 1 + spec.turn_slack
             metrics, batch = evaluate_agent(
                 sampler,
                 env,
                 tasks,
                 builder,
-                replace(agent, context=context),
+                replace(agent, context=context, max_turns=turns),
                 reward_kind=spec.reward_kind,
                 greedy=spec.greedy,
             )
@@ -194,6 +198,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
         agents=tuple(cfg.eval.agents),
         greedy=cfg.eval.greedy,
         reward_kind=cfg.reward.kind,
+        turn_slack=cfg.eval.turn_slack,
     )
     tasks_by_n = {n: build_tasks(cfg, "val", num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
     agent = build_agent_config(cfg, greedy=cfg.eval.greedy)
