@@ -20,7 +20,10 @@ from mempo.eval.compare import run_eval
 def main(cfg: DictConfig) -> None:
     cfg = validate_config(cfg)
     result = run_eval(cfg)
-    print(Path(result["out"], "table.md").read_text())
+    print(Path(result["out"], "intervals.md").read_text())
+    if Path(result["out"], "failures.md").is_file():
+        print("\nFailure verdicts per objective (mempo.eval.failures):\n")
+        print(Path(result["out"], "failures.md").read_text())
     print(f"[mempo] eval outputs: {result['out']}")
 
 

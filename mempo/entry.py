@@ -285,6 +285,7 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     bootstrap intervals and the paired difference RL - warm start."""
     from mempo.builders import run_path
     from mempo.eval.compare import run_eval
+    from mempo.eval.report import interval_table, read_records
 
     start = time.perf_counter()
     out = run_path(cfg)
@@ -314,7 +315,7 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders}))
     phases["eval_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
-    table = heldout_table(ev["rows"], Path(ev["out"]) / "results.jsonl", list(labels))
+    table = interval_table(ev["rows"], read_records(Path(ev["out"]) / "results.jsonl"))
     summary = {
         "stage": "demo",
         "phases": phases,
@@ -334,43 +335,3 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     print(f"[mempo] learning curves: {rl_summary.get('curves')}")
     print(f"[mempo] evaluation: {ev['out']} (table.md, failures.md, results.jsonl, figures)")
     return summary
-
-
-def heldout_table(rows: list[dict[str, Any]], results_jsonl: Path, labels: list[str]) -> str:
-    """The demo's summary: per checkpoint and N, EM and F1 with 95% bootstrap intervals; per N, the paired
-    difference (second checkpoint - first) over the same tasks, with its interval and whether it excludes 0."""
-    from mempo.eval.report import markdown_table
-    from mempo.eval.stats import fmt_ci, paired_bootstrap_diff
-
-    records = [json.loads(line) for line in results_jsonl.read_text().splitlines() if line.strip()]
-    table_rows = []
-    for r in rows:
-        table_rows.append({
-            "model": r["checkpoint"],
-            "N": r["objectives"],
-            "tasks": r["tasks"],
-            "EM [95% CI]": fmt_ci(r["em"], r["em_lo"], r["em_hi"]),
-            "F1 [95% CI]": fmt_ci(r["f1"], r["f1_lo"], r["f1_hi"]),
-            "format_fail": r["format_fail"],
-            "turns": r["turns"],
-            "tt": r["tt"],
-            "pt": r["pt"],
-        })  # fmt: skip
-    cols = ["model", "N", "tasks", "EM [95% CI]", "F1 [95% CI]", "format_fail", "turns", "tt", "pt"]
-    lines = [markdown_table(table_rows, cols), ""]
-    first, second = labels[0], labels[1]
-    diff_rows = []
-    for n in sorted({r["objectives"] for r in rows}):
-        by = {
-            lab: {x["task_id"]: x for x in records if x["checkpoint"] == lab and x["objectives"] == n} for lab in labels
-        }
-        ids = sorted(set(by[first]) & set(by[second]))
-        row: dict[str, Any] = {"N": n, "tasks": len(ids)}
-        for m in ("em", "f1"):
-            d = paired_bootstrap_diff([by[first][i][m] for i in ids], [by[second][i][m] for i in ids])
-            verdict = "excludes 0" if d[1] > 0 or d[2] < 0 else "includes 0: not significant"
-            row[f"{m.upper()} diff [95% CI]"] = f"{fmt_ci(*d)} ({verdict})"
-        diff_rows.append(row)
-    lines += [f"{second} minus {first}, paired over the same held-out tasks:", ""]
-    lines.append(markdown_table(diff_rows, ["N", "tasks", "EM diff [95% CI]", "F1 diff [95% CI]"]))
-    return "\n".join(lines)

@@ -34,6 +34,57 @@ def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join([head, sep, *body])
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a results.jsonl (one rollout a line)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """Markdown: per checkpoint and N, EM and F1 with 95% bootstrap intervals over tasks; then, per N and for every
+    checkpoint after the first, the paired difference (that checkpoint - the first) over the same tasks, with its
+    interval and whether it excludes 0. ``rows``/``records``: a ``GridResult``'s (memory agent rows and others)."""
+    from mempo.eval.stats import fmt_ci, paired_bootstrap_diff
+
+    def key(r: dict[str, Any]) -> str:
+        return r["checkpoint"] if r.get("agent", "memory") == "memory" else f"{r['checkpoint']} ({r['agent']})"
+
+    table_rows = [
+        {
+            "model": key(r),
+            "N": r["objectives"],
+            "tasks": r["tasks"],
+            "EM [95% CI]": fmt_ci(r["em"], r["em_lo"], r["em_hi"]),
+            "F1 [95% CI]": fmt_ci(r["f1"], r["f1_lo"], r["f1_hi"]),
+            "format_fail": r["format_fail"],
+            "turns": r["turns"],
+            "tt": r["tt"],
+            "pt": r["pt"],
+        }
+        for r in rows
+    ]
+    cols = ["model", "N", "tasks", "EM [95% CI]", "F1 [95% CI]", "format_fail", "turns", "tt", "pt"]
+    out = [markdown_table(table_rows, cols)]
+    models = list(dict.fromkeys(key(r) for r in rows))
+    if len(models) < 2:
+        return out[0]
+    diff_rows = []
+    for n in sorted({r["objectives"] for r in rows}):
+        by = {m: {x["task_id"]: x for x in records if key(x) == m and x["objectives"] == n} for m in models}
+        for m in models[1:]:
+            ids = sorted(set(by[models[0]]) & set(by[m]))
+            if not ids:
+                continue
+            row: dict[str, Any] = {"comparison": f"{m} - {models[0]}", "N": n, "tasks": len(ids)}
+            for metric in ("em", "f1"):
+                d = paired_bootstrap_diff([by[models[0]][i][metric] for i in ids], [by[m][i][metric] for i in ids])
+                verdict = "excludes 0" if d[1] > 0 or d[2] < 0 else "includes 0"
+                row[f"{metric.upper()} diff [95% CI]"] = f"{fmt_ci(*d)} {verdict}"
+            diff_rows.append(row)
+    out += ["", "Paired differences over the same held-out tasks:", ""]
+    out.append(markdown_table(diff_rows, ["comparison", "N", "tasks", "EM diff [95% CI]", "F1 diff [95% CI]"]))
+    return "\n".join(out)
+
+
 def _atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
@@ -187,6 +238,8 @@ def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
     _atomic(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
     _write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
     _write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
+    files["intervals"] = out / "intervals.md"
+    _atomic(files["intervals"], interval_table(result.rows, result.records) + "\n")
     if result.failures:
         from mempo.eval.failures import VERDICTS
 

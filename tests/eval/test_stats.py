@@ -39,3 +39,22 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="the tasks must be the same"):
         paired_bootstrap_diff([1.0, 0.0], [1.0])
     assert fmt_ci(0.5, 0.25, 0.75) == "0.500 [0.250, 0.750]"
+
+
+def test_interval_table_pairs_tasks_by_id_and_flags_significance() -> None:
+    from mempo.eval.report import interval_table
+
+    def recs(ckpt: str, ems: list[float]) -> list[dict]:
+        return [{"checkpoint": ckpt, "agent": "memory", "objectives": 2, "task_id": f"t{i}", "em": e, "f1": e}
+                for i, e in enumerate(ems)]  # fmt: skip
+
+    base, better = [0.0] * 30 + [1.0] * 30, [1.0] * 60
+    records = recs("a", base) + recs("b", list(reversed(better)))
+    rows = [{"checkpoint": c, "agent": "memory", "objectives": 2, "tasks": 60, "em": m, "em_lo": m, "em_hi": m,
+             "f1": m, "f1_lo": m, "f1_hi": m, "format_fail": 0.0, "turns": 3.0, "tt": 1.0, "pt": 1.0}
+            for c, m in (("a", 0.5), ("b", 1.0))]  # fmt: skip
+    text = interval_table(rows, records)
+    assert "| b - a | 2 | 60 | 0.500 [" in text and text.count("excludes 0") == 2
+    # Same tasks, same scores: the difference is exactly 0 and does not exclude it.
+    same = interval_table(rows, recs("a", base) + recs("b", base))
+    assert "0.000 [0.000, 0.000] includes 0" in same
