@@ -290,3 +290,35 @@ def log_to_wandb(cfg: Any, result: Any, files: dict[str, Path]) -> None:
         )
     finally:
         run.finish()
+
+
+def read_eval_dir(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of table.csv with numbers parsed, records of results.jsonl) of an evaluation's output folder."""
+    folder = Path(folder)
+    with (folder / "table.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    text = ("checkpoint", "agent")
+    rows = [{k: (v if k in text else int(v) if k in ("objectives", "tasks") else float(v)) for k, v in r.items()}
+            for r in rows]  # fmt: skip
+    return rows, read_records(folder / "results.jsonl")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m mempo.eval.report EVAL_DIR [EVAL_DIR ...]``: one interval table over several evaluations of the
+    same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("eval_dirs", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    for d in args.eval_dirs:
+        r, rec = read_eval_dir(d)
+        rows += r
+        records += rec
+    print(interval_table(rows, records))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,10 @@ from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TINY_RUN = ["model=tiny", "sampler=hf", "agent.max_turns=2", "sampler.max_new_tokens=12"]
+# The main config's eval defaults are the demo's (memory agent only, no memory scoring, 2N + 2 turns): tests of the
+# grid ask for everything, in few turns.
+TINY_RUN = ["model=tiny", "sampler=hf", "agent.max_turns=2", "sampler.max_new_tokens=12", "eval.score_memories=true",
+            "eval.turn_slack=null", "eval.agents=[memory,full_history]"]  # fmt: skip
 
 
 def test_eval_script_compares_two_checkpoints_on_the_same_tasks(tiny_path, tmp_path):
