@@ -54,13 +54,22 @@ def test_two_step_fit_moves_the_policy_not_the_reference(make_cfg, tmp_path):
 
 
 def test_resume_continues_at_the_same_step_with_the_same_data(make_cfg, tmp_path):
-    base = [*SMOKE, "advantage.estimator=test_signed", "agent.max_turns=1"]
+    """Parameters after 3 uninterrupted steps equal those after 2 steps, a resume and 1 step. Warmup is on, so a
+    scheduler restarted from scratch would change step 3's learning rate; test_signed gives nonzero advantages
+    (a random model's rewards are all 0: GRPO alone would give no gradient, and equal parameters would prove
+    nothing)."""
+    base = [*SMOKE, "advantage.estimator=test_signed", "agent.max_turns=1", "optim.warmup_steps=5"]
     straight, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", f"run_dir={tmp_path / 'straight'}"))
     first, _ = fit_rl(make_cfg(*base, "trainer.max_steps=2", f"run_dir={tmp_path / 'split'}"))
     assert first.batches_done == 2
+    after_two = _params(first.policy)
     resumed, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", "resume=true", f"run_dir={tmp_path / 'split'}"))
     assert resumed.batches_done == 3
     assert resumed.last_task_ids == straight.last_task_ids  # batch 3 is the same batch
+    assert resumed.last_metrics["train/lr"] == straight.last_metrics["train/lr"] < 1e-3  # still warming up
+    assert any(not torch.equal(after_two[k], v) for k, v in _params(resumed.policy).items())  # step 3 moved it
+    for k, v in _params(straight.policy).items():
+        assert_close(_params(resumed.policy)[k], v, msg=k)
     rows = list(csv.DictReader((tmp_path / "split" / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3]  # appended, no duplicated or missing step
     ckpt = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", weights_only=False)
