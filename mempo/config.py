@@ -46,6 +46,9 @@ class SamplerSchema:
     enable_sleep_mode: bool = False
     kv_cache_space_gb: int | None = 2
     sync_every: int = 1  # push weights into the engine every k optimizer steps
+    canary_every: int = 1  # compare engine and trainer log-probs of a probe after every k-th push; 0 = off
+    canary_tol: float = 1e-3  # mean absolute log-prob difference (nats per token) that stops the run
+    canary_tokens: int = 8  # greedy tokens of the probe the engine generates and the trainer scores
 
 
 @dataclass
@@ -245,6 +248,9 @@ def check_values(cfg: DictConfig) -> None:
         ("sampler.temperature", cfg.sampler.temperature >= 0.0, "must be >= 0"),
         ("sampler.top_p", 0.0 < cfg.sampler.top_p <= 1.0, "must be in (0, 1]"),
         ("sampler.max_new_tokens", cfg.sampler.max_new_tokens >= 1, "must be >= 1"),
+        ("sampler.canary_every", cfg.sampler.canary_every >= 0, "must be >= 0 (0 = off)"),
+        ("sampler.canary_tol", cfg.sampler.canary_tol > 0.0, "must be > 0"),
+        ("sampler.canary_tokens", cfg.sampler.canary_tokens >= 1, "must be >= 1"),
         ("optim.lr", cfg.optim.lr > 0.0, "must be > 0"),
         ("optim.ppo_epochs", cfg.optim.ppo_epochs >= 1, "must be >= 1"),
         ("optim.micro_batch_size", cfg.optim.micro_batch_size >= 1, "must be >= 1"),

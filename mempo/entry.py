@@ -163,7 +163,16 @@ def fit_rl(
         def make_sampler(mod: Any) -> Any:
             return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
 
-    hooks: list[Any] = [SamplerCallback(make_sampler, sync_every=cfg.sampler.sync_every)]
+    s = cfg.sampler
+    hooks: list[Any] = [
+        SamplerCallback(
+            make_sampler,
+            sync_every=s.sync_every,
+            canary_every=s.canary_every,
+            canary_tol=s.canary_tol,
+            canary_tokens=s.canary_tokens,
+        )
+    ]
     if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
         val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
         hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))

@@ -74,6 +74,21 @@ def test_debug_group_shrinks_a_run():
     assert cfg.model.name_or_path == "tiny" and cfg.trainer.max_steps == 2
 
 
+@pytest.mark.parametrize("exp", [None, *EXPERIMENTS])
+def test_debug_shrinks_the_experiment_it_is_given_without_switching_it(exp):
+    """Regression: debug/default.yaml set ``stage: rl``, so ``+exp=sft +debug=default`` (and the demo) ran RL."""
+    given = [f"+exp={exp}"] if exp else []
+    full = validate_config(compose_cfg(*given))
+    small = validate_config(compose_cfg(*given, "+debug=default"))
+    assert small.stage == full.stage
+    assert (small.agent.context, small.advantage.estimator, small.memory.alpha) == (
+        full.agent.context, full.advantage.estimator, full.memory.alpha,
+    )  # fmt: skip
+    assert small.model.name_or_path == "tiny" and small.sampler.backend == "hf"
+    assert small.trainer.max_steps <= 2 and small.data.batch_size <= 2 and small.sft.num_tasks <= 4
+    assert small.sft.max_steps <= 2 and small.eval.num_tasks <= 2
+
+
 def test_unknown_key_is_an_error_naming_it():
     with pytest.raises(ConfigKeyError, match="no_such_key"):
         validate_config(OmegaConf.merge(compose_cfg(), {"loss": {"no_such_key": 1}}))

@@ -4,6 +4,13 @@ fit start: create the engine (and push the policy's weights if they differ from 
 resume); after every ``sync_every``-th optimizer step: push the policy's weights (the engine then samples from the
 updated policy); fit end or an exception: free. With sleep mode (GPU), the module sleeps the engine after its
 rollout, so the update has the accelerator's memory, and this callback wakes it before the push.
+
+Weight canary: after every ``canary_every``-th push, the engine greedily continues a fixed probe prompt for
+``canary_tokens`` tokens and the trainer scores the same tokens; a mean absolute log-prob difference above
+``canary_tol`` stops the run with an error naming the step. A push that silently did not land (a renamed
+parameter skipped, a prefix cache serving old weights) otherwise leaves the engine sampling from a stale policy
+while every metric looks plausible. The canary sees a stale engine once the policy has drifted from it by more than
+the tolerance, so a push that never lands is caught within the few steps such drift takes at small learning rates.
 """
 
 from __future__ import annotations
@@ -16,19 +23,70 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 
 from mempo.data.tasks import Task
-from mempo.rollout.sampler import Sampler
+from mempo.rollout.sampler import Sampler, SamplingConfig
+
+CANARY_PROBE = "Question:\nWho founded the company that built the first lighthouse?\n\n<mem>"
+
+
+class WeightCanaryError(RuntimeError):
+    """The engine's log-probs of the probe disagree with the trainer's after a weight push."""
 
 
 class SamplerCallback(L.Callback):
-    def __init__(self, make_sampler: Callable[[L.LightningModule], Sampler], *, sync_every: int = 1) -> None:
+    def __init__(
+        self,
+        make_sampler: Callable[[L.LightningModule], Sampler],
+        *,
+        sync_every: int = 1,
+        canary_every: int = 1,
+        canary_tol: float = 1e-3,
+        canary_tokens: int = 8,
+    ) -> None:
         if sync_every < 1:
             raise ValueError(f"sampler.sync_every must be >= 1, got {sync_every}")
+        if canary_every < 0:
+            raise ValueError(f"sampler.canary_every must be >= 0 (0 = off), got {canary_every}")
+        if canary_tol <= 0 or canary_tokens < 1:
+            raise ValueError(f"sampler.canary_tol must be > 0, canary_tokens >= 1; got {canary_tol}, {canary_tokens}")
         self.make_sampler = make_sampler
         self.sync_every = sync_every
+        self.canary_every, self.canary_tol, self.canary_tokens = canary_every, canary_tol, canary_tokens
         self.sampler: Sampler | None = None
         self.last_push_s = 0.0
+        self.pushes = 0
+        self.last_canary_s = 0.0
+        self.last_canary_diff: float | None = None
+
+    def check_weights(self, pl_module: L.LightningModule, step: int) -> float:
+        """The weight canary (module docstring) -> the mean absolute log-prob difference; raises
+        ``WeightCanaryError`` naming ``step`` above ``canary_tol``."""
+        from mempo.models.logprobs import token_logprobs
+
+        t0 = time.perf_counter()
+        prompt = list(pl_module.tokenizer(CANARY_PROBE, add_special_tokens=False)["input_ids"])
+        params = SamplingConfig(max_new_tokens=self.canary_tokens, temperature=0.0, seed=0)
+        gen = self.sampler.generate([prompt], params)[0][0]
+        policy = pl_module.policy
+        ids = torch.tensor([prompt + list(gen.token_ids)], device=policy.device)
+        was_training = policy.training
+        policy.eval()
+        with torch.no_grad(), torch.autocast(policy.device.type, enabled=False):
+            trainer_logp = token_logprobs(policy, ids, torch.ones_like(ids, dtype=torch.bool))[0, len(prompt) :]
+        policy.train(was_training)
+        engine_logp = torch.tensor(gen.logprobs, dtype=torch.float32)
+        diff = float((trainer_logp.float().cpu() - engine_logp).abs().mean()) if gen.token_ids else 0.0
+        self.last_canary_s = time.perf_counter() - t0
+        self.last_canary_diff = diff
+        if not diff <= self.canary_tol:  # also catches NaN
+            raise WeightCanaryError(
+                f"weight canary failed after the weight push of step {step}: the engine's log-probs of a fixed probe "
+                f"differ from the trainer's by {diff:.3g} nats per token on average (tolerance "
+                f"sampler.canary_tol={self.canary_tol}); the engine is not sampling from the trained policy"
+            )
+        return diff
 
     def _push(self, pl_module: L.LightningModule) -> None:
         t0 = time.perf_counter()
@@ -51,8 +109,14 @@ class SamplerCallback(L.Callback):
         done = getattr(pl_module, "batches_done", batch_idx + 1)
         if done % self.sync_every == 0:
             self._push(pl_module)
+            self.pushes += 1
             pl_module.log("perf/push_s", self.last_push_s, on_step=True, batch_size=1)
             pl_module.last_metrics["perf/push_s"] = self.last_push_s
+            if self.canary_every > 0 and self.pushes % self.canary_every == 0:
+                diff = self.check_weights(pl_module, done)
+                canary = {"perf/canary_s": self.last_canary_s, "train/canary_logp_diff": diff}
+                pl_module.log_dict(canary, on_step=True, batch_size=1)
+                pl_module.last_metrics.update(canary)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.teardown_sampler(pl_module)

@@ -5,15 +5,12 @@ import json
 
 import pytest
 import torch
+from replay import oracle_batch
 from torch.testing import assert_close
 
-from mempo.builders import build_builder, build_env, build_module, build_tags, build_tasks, synthetic_world
-from mempo.data.oracle import oracle_dataset
+from mempo.builders import build_module, build_tasks
 from mempo.entry import fit_rl
 from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
-from mempo.rollout.agent import RolloutBatch, Trajectory, make_turn_sample, next_context
-from mempo.rollout.prompts import TurnContext
-from mempo.rollout.sampler import Generation
 
 SMOKE = [
     "model=tiny",
@@ -57,41 +54,28 @@ def test_two_step_fit_moves_the_policy_not_the_reference(make_cfg, tmp_path):
 
 
 def test_resume_continues_at_the_same_step_with_the_same_data(make_cfg, tmp_path):
-    base = [*SMOKE, "advantage.estimator=test_signed", "agent.max_turns=1"]
+    """Parameters after 3 uninterrupted steps equal those after 2 steps, a resume and 1 step. Warmup is on, so a
+    scheduler restarted from scratch would change step 3's learning rate; test_signed gives nonzero advantages
+    (a random model's rewards are all 0: GRPO alone would give no gradient, and equal parameters would prove
+    nothing)."""
+    base = [*SMOKE, "advantage.estimator=test_signed", "agent.max_turns=1", "optim.warmup_steps=5"]
     straight, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", f"run_dir={tmp_path / 'straight'}"))
     first, _ = fit_rl(make_cfg(*base, "trainer.max_steps=2", f"run_dir={tmp_path / 'split'}"))
     assert first.batches_done == 2
+    after_two = _params(first.policy)
     resumed, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", "resume=true", f"run_dir={tmp_path / 'split'}"))
     assert resumed.batches_done == 3
     assert resumed.last_task_ids == straight.last_task_ids  # batch 3 is the same batch
+    assert resumed.last_metrics["train/lr"] == straight.last_metrics["train/lr"] < 1e-3  # still warming up
+    assert any(not torch.equal(after_two[k], v) for k, v in _params(resumed.policy).items())  # step 3 moved it
+    for k, v in _params(straight.policy).items():
+        assert_close(_params(resumed.policy)[k], v, msg=k)
     rows = list(csv.DictReader((tmp_path / "split" / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3]  # appended, no duplicated or missing step
     ckpt = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["mempo"]["batches_done"] == 3
     adam_steps = {int(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
     assert adam_steps == {3}  # optimizer state carried over the restart (a fresh one would count 1)
-
-
-def oracle_batch(module, cfg, rewards):
-    """A real batch of turn samples: two rollouts of one task whose turns are the oracle's well-formed turns,
-    replayed through the same prompt builder, environment and per-turn processing as the agent loop."""
-    tags = build_tags(cfg)
-    builder = build_builder(cfg, module.tokenizer)
-    env = build_env(cfg, module.tokenizer)
-    task, turns = oracle_dataset(synthetic_world(cfg), "train", 2, num_tasks=1, seed=0, tags=tags)[0]
-    trajs = []
-    for traj_id, reward in enumerate(rewards):
-        traj = Trajectory(traj_id, 0, task, reward=reward, finish="answer")
-        ctx = TurnContext(question=task.question)
-        for turn_id, text in enumerate(turns, start=1):
-            ids = module.tokenizer(text, add_special_tokens=False)["input_ids"]
-            gen = Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text)
-            sample = make_turn_sample(traj_id, 0, turn_id, builder.prompt(ctx, "memory"), gen, module.tokenizer, tags)
-            traj.turns.append(sample)
-            if sample.parsed.action == "search":
-                ctx = next_context(ctx, sample.text, sample.parsed, env.search([sample.parsed.argument])[0])
-        trajs.append(traj)
-    return RolloutBatch(trajs)
 
 
 def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):

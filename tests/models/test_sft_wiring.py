@@ -1,0 +1,92 @@
+"""The supervised warm start against the agent loop and a hand-computed loss, and smoke runs of the ``sft`` and
+``demo`` stages through ``+debug=default`` (which keeps the experiment's stage).
+
+The agent loop runs with ``ScriptedSampler`` writing the oracle's turns (tests/scripted.py): SFT replays a teacher's
+turns, so the loop must see exactly those turns for the prompts to be comparable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
+from torch.testing import assert_close
+
+from mempo.entry import run_stage
+from mempo.models.loading import load_policy
+from mempo.models.sft import SFTModule, build_sft_examples, collate_sft
+from mempo.rollout.agent import AgentConfig, collect
+from mempo.rollout.env import SearchEnv
+from mempo.rollout.format import Tags
+from mempo.rollout.prompts import PromptBuilder
+from mempo.rollout.retrievers import BM25Retriever
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return load_policy(tiny_path)
+
+
+def loop_and_replay(tokenizer, context: str):
+    builder = PromptBuilder(tokenizer, Tags())
+    env = SearchEnv(BM25Retriever(CORPUS), tokenizer, topk=1, max_passage_tokens=32)
+    batch = collect(ScriptedSampler(tokenizer, oracle_script), env, [TASK, TASK_B], 1, builder, AgentConfig(context))
+    assert [t.finish for t in batch.trajectories] == ["answer", "answer"]
+    teacher = [(t.task, [s.text for s in t.turns]) for t in batch.trajectories]
+    examples = build_sft_examples(teacher, builder, env, context=context)
+    return batch, examples
+
+
+@pytest.mark.parametrize("context", ["memory", "full_history"])
+def test_replayed_prompts_equal_the_agent_loops_token_for_token(tiny, context):
+    batch, examples = loop_and_replay(tiny[1], context)
+    loop = sorted((tuple(s.prompt_ids), tuple(s.response_ids)) for s in batch.samples)
+    replay = sorted((tuple(e.prompt_ids), tuple(e.target_ids)) for e in examples)
+    assert len(loop) == 5  # 3 turns of TASK, 2 of TASK_B
+    assert replay == loop
+
+
+def test_target_mask_holds_only_the_teachers_turn_tokens(tiny):
+    tokenizer = tiny[1]
+    _, examples = loop_and_replay(tokenizer, "memory")
+    batch = collate_sft(examples, tokenizer.pad_token_id)
+    for i, e in enumerate(examples):
+        p, n = len(e.prompt_ids), len(e.target_ids)
+        target = batch["target_mask"][i]
+        assert target.sum() == n and target[p : p + n].all()  # exactly the turn's tokens: no prompt, no padding
+        assert batch["input_ids"][i, target].tolist() == e.target_ids
+    # Tool output is in the prompts of later turns and never a target.
+    later = [e for e in examples if "<information>" in tokenizer.decode(e.prompt_ids)]
+    assert later and not any("<information>" in tokenizer.decode(e.target_ids) for e in examples)
+
+
+def test_sft_loss_is_the_token_mean_nll_of_the_targets(tiny):
+    policy, tokenizer = tiny
+    _, examples = loop_and_replay(tokenizer, "memory")
+    batch = collate_sft(examples, tokenizer.pad_token_id)
+    loss = SFTModule(policy).training_step(batch, 0)
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for e in examples:  # one unpadded forward per example, full log-softmax
+            ids = torch.tensor([e.prompt_ids + e.target_ids])
+            logp = policy(input_ids=ids).logits[0].float().log_softmax(-1)  # [P + L, V]
+            p = len(e.prompt_ids)
+            nll -= float(logp[p - 1 : -1].gather(-1, ids[0, p:, None]).sum())
+            count += len(e.target_ids)
+    assert_close(loss.detach(), torch.tensor(nll / count))
+
+
+@pytest.mark.parametrize("exp", ["sft", "demo"])
+def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp):
+    summary = run_stage(make_cfg(f"+exp={exp}", "+debug=default", f"run_dir={tmp_path}"))
+    assert summary["stage"] == exp
+    if exp == "sft":
+        assert summary["steps"] == 2 and summary["final_loss"] > 0
+        assert (tmp_path / "hf" / "config.json").is_file()
+    else:
+        assert summary["sft"]["steps"] == 2 and summary["rl"]["steps"] == 2
+        assert [r["model"] for r in summary["eval"]] == ["warm start (SFT)", "MemPO RL"]
+        assert json.loads((tmp_path / "summary.json").read_text())["stage"] == "demo"
+        assert (tmp_path / "rl" / "hf" / "config.json").is_file() and (tmp_path / "summary.md").is_file()
