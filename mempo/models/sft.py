@@ -180,7 +180,8 @@ class SFTModule(L.LightningModule):
         n = batch["input_ids"].shape[0]
         self.log("sft/loss", loss, prog_bar=True, batch_size=n)
         self.log("sft/tokens", mask.sum(), batch_size=n)
-        self.log("sft/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
+        if self._trainer is not None:  # a module stepped by hand (tests) has no optimizer attached
+            self.log("sft/lr", self.optimizers().param_groups[0]["lr"], batch_size=n)
         return loss
 
     def configure_optimizers(self) -> Any:

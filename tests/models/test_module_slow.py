@@ -28,6 +28,7 @@ def test_two_step_fit_of_smollm2_through_vllm(make_cfg, smollm2_path, tmp_path):
         "trainer.max_steps=2",
         "advantage.estimator=test_signed",  # registered in test_module.py: a signal independent of luck
         "optim.lr=1e-4",
+        "loss.kl_coef=1e-3",  # the main config's CPU recipe has no KL term; this test checks the reference stays
         "ckpt.every_n_steps=2",
         f"run_dir={tmp_path}",
     )
@@ -75,7 +76,8 @@ def test_vllm_fit_is_on_policy_and_its_weight_push_lands(make_cfg, tiny_path, tm
     cfg = make_cfg(
         f"model.name_or_path={tiny_path}", "sampler=vllm", "sampler.kv_cache_space_gb=1", "sampler.max_new_tokens=12",
         "trainer.precision=32-true", "optim.old_logp=sampler", "optim.ppo_epochs=1", "optim.lr=1e-3",
-        "loss.eps_low=0.01", "loss.eps_high=0.01", "advantage.estimator=test_signed", "agent.max_turns=2",
+        "loss.eps_low=0.01", "loss.eps_high=0.01", "loss.kl_coef=1e-3", "advantage.estimator=test_signed",
+        "agent.max_turns=2",
         "data.batch_size=2", "data.group_size=2", "trainer.max_steps=2", "ckpt.every_n_steps=2", f"run_dir={tmp_path}",
     )  # fmt: skip
     fit_rl(cfg)

@@ -87,6 +87,9 @@ def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp):
         assert (tmp_path / "hf" / "config.json").is_file()
     else:
         assert summary["sft"]["steps"] == 2 and summary["rl"]["steps"] == 2
-        assert [r["model"] for r in summary["eval"]] == ["warm start (SFT)", "MemPO RL"]
+        assert [(r["checkpoint"], r["objectives"]) for r in summary["eval"]] == [("warm_start", 1), ("warm_start", 2),
+                                                                                 ("rl", 1), ("rl", 2)]  # fmt: skip
+        table = (tmp_path / "summary.md").read_text()
+        assert "rl - warm_start" in table and "[95% CI]" in table
         assert json.loads((tmp_path / "summary.json").read_text())["stage"] == "demo"
         assert (tmp_path / "rl" / "hf" / "config.json").is_file() and (tmp_path / "summary.md").is_file()
