@@ -294,7 +294,6 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     bootstrap intervals and the paired difference RL - warm start."""
     from mempo.builders import run_path
     from mempo.eval.compare import run_eval
-    from mempo.eval.report import interval_table, read_records
 
     start = time.perf_counter()
     out = run_path(cfg)
@@ -324,7 +323,7 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders}))
     phases["eval_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
-    table = interval_table(ev["rows"], read_records(Path(ev["out"]) / "results.jsonl"))
+    table = Path(ev["files"]["intervals"]).read_text().rstrip("\n")  # run_eval's interval table, not recomputed
     summary = {
         "stage": "demo",
         "phases": phases,
