@@ -133,6 +133,7 @@ class OptimSchema:
     micro_batch_size: int = 8
     old_logp: str = "auto"  # auto | sampler | recompute
     max_nonfinite: int = 3  # non-finite gradients in a row before the run stops
+    skip_no_signal: bool = True  # no AdamW update on a step whose advantages are all 0 and kl_coef = 0
 
 
 @dataclass

@@ -165,3 +165,37 @@ def test_rollout_samples_outside_the_trainers_autocast(make_cfg):
         with torch.no_grad():
             ref = token_logprobs(module.policy, ids, torch.ones_like(ids, dtype=torch.bool))[0, len(s.prompt_ids) :]
         assert_close(torch.tensor(s.sampler_logp), ref)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip):
+    """Step 1 has signal (test_signed); before step 2 the estimator becomes GRPO, whose advantages on the tiny random
+    model are all 0 (every reward is 0), and there is no KL term. With optim.skip_no_signal step 2 must leave every
+    weight bit-identical; without it AdamW's first moment alone moves them (the drift that collapsed a CPU run)."""
+    from dataclasses import replace
+
+    from lightning.pytorch.callbacks import Callback
+
+    class ZeroAfterFirst(Callback):
+        after_one: dict = {}
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            if module.batches_done == 1:
+                ZeroAfterFirst.after_one = _params(module.policy)
+                module.memory_cfg = replace(module.memory_cfg, estimator="grpo", alpha=0.0)
+
+    cfg = make_cfg(
+        *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "agent.max_turns=1", "trainer.max_steps=2",
+        f"optim.skip_no_signal={skip}", f"run_dir={tmp_path}",
+    )  # fmt: skip
+    module, summary = fit_rl(cfg, callbacks=[ZeroAfterFirst()])
+    assert summary["steps"] == 2 == module.trainer.global_step  # the skipped step still counts as an RL step
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [float(r["train/no_signal"]) for r in rows] == [0.0, 1.0 if skip else 0.0]
+    assert float(rows[1]["rollout/reward_mean"]) == 0.0
+    after_two = _params(module.policy)
+    if skip:
+        for k, v in ZeroAfterFirst.after_one.items():
+            torch.testing.assert_close(after_two[k], v, rtol=0, atol=0, msg=k)  # bit-identical: no update
+    else:
+        assert any(not torch.equal(after_two[k], v) for k, v in ZeroAfterFirst.after_one.items())
