@@ -215,7 +215,7 @@ def plot_vs_objectives(
             marker="o",
             capsize=3,
             color=f"C{i % 10}",
-            label=f"{name} ({AGENT_LABELS.get(rs[0].get('agent', ''), rs[0].get('agent', '?'))})",
+            label=f"{name}: {AGENT_LABELS.get(rs[0].get('agent', ''), rs[0].get('agent', '?'))}",
         )
     ax.set_xlabel("objectives per task (N)")
     ax.set_ylabel(ylabel)
