@@ -185,6 +185,14 @@ class EvalSchema:
 
 
 @dataclass
+class HeadlineSchema:
+    """The ``headline`` stage (MemPO vs GRPO vs ReAct as N grows): warm starts to reuse instead of training them."""
+
+    warm_start: str | None = None  # HF folder of the memory-context warm start; null = <run_dir>/warm_start/hf
+    react_warm_start: str | None = None  # the full-history (ReAct) one; null = <run_dir>/react_warm_start/hf
+
+
+@dataclass
 class CkptSchema:
     every_n_steps: int = 2
 
@@ -212,9 +220,10 @@ class RootSchema:
     ckpt: CkptSchema = field(default_factory=CkptSchema)
     sft: SFTSchema = field(default_factory=SFTSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
+    headline: HeadlineSchema = field(default_factory=HeadlineSchema)
 
 
-STAGES = ("rl", "sft", "demo")
+STAGES = ("rl", "sft", "demo", "headline")
 
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:
@@ -290,7 +299,7 @@ def check_paths(cfg: DictConfig) -> None:
     """Inputs that must exist, each error naming the key (called by ``run_stage`` and ``fit_rl`` before any model
     loads; not by ``validate_config``, so configs for another machine still compose here):
     model.name_or_path (an embedded name, a model folder, or an owner/name hub id), env.corpus, the data files
-    of data.source=qa_files, and sft.trajectories."""
+    of data.source=qa_files, sft.trajectories, and the headline's warm-start folders when set."""
     from mempo.models.loading import check_model_path
 
     try:
@@ -303,6 +312,10 @@ def check_paths(cfg: DictConfig) -> None:
     for key, f in files:
         if f is not None and not Path(f).is_file():
             raise FileNotFoundError(f"config key {key}={f!r}: no such file")
+    for key in ("headline.warm_start", "headline.react_warm_start"):
+        folder = OmegaConf.select(cfg, key)
+        if folder is not None and not (Path(folder) / "config.json").is_file():
+            raise FileNotFoundError(f"config key {key}={folder!r}: not a model folder (no config.json in it)")
 
 
 def validate_config(cfg: DictConfig) -> DictConfig:

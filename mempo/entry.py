@@ -3,6 +3,7 @@
 rl    MemPO (or GRPO, by config) from ``model.name_or_path``
 sft   supervised warm start on teacher trajectories
 demo  the embedded default end to end: warm start (skipped when its checkpoint exists), RL, evaluation
+headline  MemPO vs GRPO vs a ReAct agent as the number of objectives grows (``mempo.headline``)
 """
 
 from __future__ import annotations
@@ -343,3 +344,12 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
     print(f"[mempo] learning curves: {rl_summary.get('curves')}")
     print(f"[mempo] evaluation: {ev['out']} (table.md, failures.md, results.jsonl, figures)")
     return summary
+
+
+@stage("headline")
+def headline(cfg: DictConfig) -> dict[str, Any]:
+    """Five arms (two warm starts, three RL arms of the same budget) evaluated on the same held-out tasks per N:
+    ``mempo.headline``."""
+    from mempo.headline import run_headline
+
+    return run_headline(cfg)

@@ -67,6 +67,7 @@ def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
         "reward": traj.reward,
         "finish": traj.finish,
         "error": traj.error,
+        "format_fail": float(not traj.format_ok),
         "turns": len(traj.turns),
         "tt": traj.total_tokens,
         "pt": traj.peak_tokens,
@@ -173,9 +174,12 @@ def checkpoint_folders(cfg: Any) -> dict[str, str]:
     return {Path(name).name or name: name}
 
 
-def run_eval(cfg: Any) -> dict[str, Any]:
+def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out: Path | None = None) -> dict[str, Any]:
     """``experiments/eval.py``: the grid for every checkpoint, then ``<run_dir>/eval/`` (see ``write_report``).
 
+    agents: checkpoint label -> the agents (contexts) that checkpoint is evaluated with (the headline evaluates a
+    ReAct-trained checkpoint only as a full-history agent); a label not in it gets ``eval.agents``.
+    out: the output folder instead of ``<run_dir>/eval``.
     -> {"rows", "out", "files"}.
     """
     from mempo.builders import (
@@ -187,12 +191,16 @@ def run_eval(cfg: Any) -> dict[str, Any]:
         run_path,
         synthetic_world,
     )
-    from mempo.config import resolve_precision
+    from mempo.config import CONTEXT_MODES, resolve_precision
     from mempo.data.synthetic import split_questions
     from mempo.eval.report import log_to_wandb, write_report
     from mempo.models.loading import load_policy, resolve_model_path
 
-    out = run_path(cfg, "eval")
+    out = run_path(cfg, "eval") if out is None else Path(out)
+    agents = {k: tuple(v) for k, v in (agents or {}).items()}
+    for label, contexts in agents.items():
+        if not contexts or not set(contexts) <= set(CONTEXT_MODES):
+            raise ValueError(f"agents[{label!r}]={list(contexts)} must be a non-empty subset of {list(CONTEXT_MODES)}")
     spec = EvalSpec(
         objectives=tuple(cfg.eval.objectives),
         agents=tuple(cfg.eval.agents),
@@ -208,7 +216,8 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     total = GridResult([], [], [])
     for label, name in checkpoint_folders(cfg).items():
         folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
-        print(f"[mempo] eval: {label} ({folder}) on N = {list(spec.objectives)}, agents {list(spec.agents)}")
+        spec_ck = replace(spec, agents=agents.get(label, spec.agents))
+        print(f"[mempo] eval: {label} ({folder}) on N = {list(spec.objectives)}, agents {list(spec_ck.agents)}")
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         sampler = build_sampler(cfg, folder, policy, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -219,7 +228,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 build_builder(cfg, tokenizer),
                 tasks_by_n,
                 agent,
-                spec,
+                spec_ck,
                 checkpoint=label,
                 policy=policy if cfg.eval.score_memories else None,
                 pad_id=pad_id,

@@ -182,6 +182,57 @@ def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Pa
     return path
 
 
+def plot_vs_objectives(
+    rows: list[dict[str, Any]],
+    key: str,
+    path: Path,
+    *,
+    ylabel: str,
+    title: str,
+    series: str = "checkpoint",
+    from_zero: bool = False,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """``key`` against N, one line per value of ``rows[i][series]`` (solid for memory agents, dashed for
+    full-history ones), with error bars from ``{key}_lo``/``{key}_hi`` where rows carry them. from_zero: the y axis
+    starts at 0 (token counts: a ratio read off the plot is then the ratio of the values)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        lines.setdefault(r[series], []).append(r)
+    for i, (name, rs) in enumerate(lines.items()):
+        rs = sorted(rs, key=lambda r: r["objectives"])
+        y = [r[key] for r in rs]
+        yerr = None
+        if all(f"{key}_lo" in r and f"{key}_hi" in r for r in rs):  # [2, n]: distances below and above the mean
+            yerr = [[max(r[key] - r[f"{key}_lo"], 0.0) for r in rs], [max(r[f"{key}_hi"] - r[key], 0.0) for r in rs]]
+        ax.errorbar(
+            [r["objectives"] for r in rs],
+            y,
+            yerr=yerr,
+            fmt=AGENT_STYLES.get(rs[0].get("agent", ""), ":"),
+            marker="o",
+            capsize=3,
+            color=f"C{i % 10}",
+            label=f"{name}: {AGENT_LABELS.get(rs[0].get('agent', ''), rs[0].get('agent', '?'))}",
+        )
+    ax.set_xlabel("objectives per task (N)")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(sorted({r["objectives"] for r in rows}))
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    elif from_zero:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def p_ans_by_turn(p_ans: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, list[float]]]:
     """(checkpoint, agent) -> turn -> the P(ans | q, m) of every memory written at that turn (all N pooled)."""
     out: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
