@@ -122,6 +122,14 @@ def _plt() -> Any:
     return plt
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write at 120 dpi and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return path
+
+
 def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     """F1 vs N, one line per checkpoint x agent."""
     plt = _plt()
@@ -143,10 +151,7 @@ def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     ax.set_title(f"Answer F1 vs number of objectives ({num_tasks} tasks per N, greedy)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
@@ -176,10 +181,7 @@ def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Pa
     axes[1].set_title("Peak tokens (PT) vs N")
     axes[1].legend(fontsize=8)
     fig.suptitle(f"Token cost vs number of objectives ({num_tasks} tasks per N, greedy)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_vs_objectives(
@@ -227,10 +229,7 @@ def plot_vs_objectives(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def p_ans_by_turn(p_ans: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, list[float]]]:
@@ -270,10 +269,7 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if groups:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
