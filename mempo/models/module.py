@@ -14,7 +14,8 @@ Departures from the paper's description: a non-finite loss or gradient skips the
 after ``max_nonfinite`` in a row) instead of corrupting the weights; a step without signal (every token advantage 0
 and no KL term: all groups' rewards equal, no memory advantage) makes no update at all (``optim.skip_no_signal``),
 because AdamW's moments would otherwise keep moving every weight along the last steps' direction (measured on this
-CPU: five such steps in a row took a warm start from 4.4 turns per task to 1 and EM 0, docs/results.md).
+CPU: after the gradient became 0 at step 4, the next steps took a warm start from 3.9 turns per task to 1.0 and
+validation EM 0, docs/results.md).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class OptimConfig:
     micro_batch_size: int = 8
     old_logp: str = "sampler"  # sampler | recompute (resolved from "auto" by builders.resolve_old_logp)
     max_nonfinite: int = 3
-    skip_no_signal: bool = True  # a step whose loss has no gradient signal makes no AdamW update (see _update)
+    skip_no_signal: bool = True  # a step whose loss has no gradient signal makes no AdamW update (see _no_update)
 
 
 @dataclass(frozen=True)
