@@ -175,7 +175,7 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
 
 def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
     """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0) and env, the policy's folder)."""
-    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.models.loading import load_policy, resolve_model_path, train_top_layers
     from mempo.models.module import MemPOModule
 
     m = cfg.model
@@ -183,6 +183,7 @@ def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
     policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     if m.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+    train_top_layers(policy, m.train_top_layers)
     reference = None
     if cfg.loss.kl_coef > 0:
         reference, _ = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)

@@ -30,6 +30,7 @@ class ModelSchema:
     trust_remote_code: bool = False
     cache_dir: str | None = None  # default: $MEMPO_CACHE or ~/.cache/mempo
     gradient_checkpointing: bool = False
+    train_top_layers: int | None = None  # RL trains only the last k decoder layers (+ final norm); null = all
 
 
 @dataclass

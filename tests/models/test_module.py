@@ -199,3 +199,31 @@ def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip
             torch.testing.assert_close(after_two[k], v, rtol=0, atol=0, msg=k)  # bit-identical: no update
     else:
         assert any(not torch.equal(after_two[k], v) for k, v in ZeroAfterFirst.after_one.items())
+
+
+def test_train_top_layers_updates_only_the_last_layers(make_cfg, tmp_path):
+    """model.train_top_layers=1 on the 2-layer tiny model: after two RL steps with signal the last layer and the final
+    norm moved, while the embeddings (and so the tied head) and layer 0 are bit-identical; AdamW holds only the
+    trainable tensors."""
+    cfg = make_cfg(
+        *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "trainer.max_steps=2",
+        "model.train_top_layers=1", f"run_dir={tmp_path}",
+    )  # fmt: skip
+    initial, _ = build_module(cfg)
+    before = _params(initial.policy)
+    module, _ = fit_rl(cfg)
+    after = _params(module.policy)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved, "nothing trained"
+    assert all(k.startswith(("model.layers.1.", "model.norm.")) for k in moved), sorted(moved)
+    assert any(k.startswith("model.layers.1.") for k in moved)
+    trainable = [p for p in module.policy.parameters() if p.requires_grad]
+    held = [p for group in module.optimizers().optimizer.param_groups for p in group["params"]]
+    assert len(held) == len(trainable) == sum(1 for k in before if k.startswith(("model.layers.1.", "model.norm.")))
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_train_top_layers_outside_the_model_is_an_error(make_cfg, k):
+    cfg = make_cfg(*SMOKE, f"model.train_top_layers={k}")
+    with pytest.raises(ValueError, match=r"model.train_top_layers must be null or in \[1, 2\]"):
+        build_module(cfg)
