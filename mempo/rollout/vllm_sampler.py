@@ -40,6 +40,7 @@ from mempo.rollout.sampler import Generation, SamplingConfig
 # CPU KV cache when neither the caller nor $VLLM_CPU_KVCACHE_SPACE sets one: SmolLM2 fp32 needs 45 KB a
 # token (30 layers x 3 kv heads x 64 x K,V x 4 bytes), so 2 GiB holds about 46k tokens.
 DEFAULT_CPU_KV_CACHE_GB = 2
+CPU_MIN_BATCHED_TOKENS = 8192  # prompt tokens one engine step may take off CUDA (chunked prefill is off there)
 
 
 class VLLMSampler:
@@ -100,6 +101,15 @@ class VLLMSampler:
         self._asleep = False
         self._push_dir: Path | None = None
 
+        # vLLM's chunked prefill splits a long prompt over engine steps and drops the token sampled after a partial
+        # chunk by rewinding that request's seeded generator, which only CUDA generators can do: on CPU a seeded
+        # batch whose prompts overflow one step's token budget died with "CPU Generator does not use offset"
+        # (4 tasks x G=8 memory-agent prompts, docs/results.md). Off CUDA, whole prompts only, in a budget that
+        # holds the longest one.
+        scheduling = {}
+        if not on_cuda:
+            budget = max(max_model_len or int(context or 0), CPU_MIN_BATCHED_TOKENS)
+            scheduling = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
         with _modules_hidden_from_vllm_scan():
             self.llm: Any = vllm.LLM(
                 model=str(path),
@@ -113,6 +123,7 @@ class VLLMSampler:
                 enable_prefix_caching=enable_prefix_caching,
                 logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
                 generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
+                **scheduling,
             )
         # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
         # keep dropped models and optimizers alive for good.

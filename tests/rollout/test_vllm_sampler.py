@@ -74,6 +74,20 @@ def test_seeds(engine: VLLMSampler, prompts) -> None:
     assert ids(5) != ids(6)
 
 
+def test_a_seeded_batch_longer_than_one_engine_step(engine: VLLMSampler, prompts) -> None:
+    """Prompts that together overflow one engine step's token budget, sampled with seeds: with chunked prefill vLLM
+    rewound a seeded CPU generator and crashed ("CPU Generator does not use offset"); each request's samples must
+    also be the ones it gets alone (its seed, not the batch, decides them)."""
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    long = [(p * (1 + 1500 // len(p)))[: 1500 - i] for i, p in enumerate(prompts * 3)]  # 9 prompts of ~1500
+    assert sum(map(len, long)) > budget
+    params = SamplingConfig(n=2, max_new_tokens=4, seed=11)
+    batched = engine.generate(long, params)
+    for i, prompt in enumerate(long):
+        alone = engine.generate([prompt], SamplingConfig(n=2, max_new_tokens=4, seed=11 + i * 2))
+        assert [g.token_ids for g in batched[i]] == [g.token_ids for g in alone[0]]
+
+
 def test_stop_strings_end_and_are_included(engine: VLLMSampler, hf, prompts, plain_logprobs) -> None:
     model, tokenizer = hf
     stop = ("y", "k", "w")  # each in 4-9% of the vocabulary: most samples stop, after a few tokens
