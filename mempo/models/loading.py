@@ -129,26 +129,27 @@ def load_policy(
     return model, tokenizer
 
 
-def train_top_layers(model: PreTrainedModel, k: int | None) -> int:
+def train_top_layers(model: PreTrainedModel, k: int | None) -> None:
     """Freeze every parameter except the last ``k`` decoder layers and the final norm; ``None`` trains them all.
 
     The embeddings stay frozen, and with them a tied output head (SmolLM2's): gradients still flow through the head
     into the trainable layers, but backward stops below the lowest trainable layer, so an update costs about
-    ``1 + 2k / num_layers`` forwards instead of 3. Returns the number of trainable parameters.
+    ``1 + 2k / num_layers`` forwards instead of 3.
     """
-    if k is not None:
-        layers = getattr(model.get_decoder(), "layers", None)
-        if layers is None:
-            raise ValueError(f"model.train_top_layers: {type(model).__name__} has no decoder .layers to choose from")
-        if not 1 <= k <= len(layers):
-            raise ValueError(f"model.train_top_layers must be null or in [1, {len(layers)}] for this model, got {k}")
-        model.requires_grad_(False)
-        for layer in layers[len(layers) - k :]:
-            layer.requires_grad_(True)
-        norm = getattr(model.get_decoder(), "norm", None)
-        if norm is not None:
-            norm.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if k is None:
+        return
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"model.train_top_layers: {type(model).__name__} has no decoder .layers to choose from")
+    if not 1 <= k <= len(layers):
+        raise ValueError(f"model.train_top_layers must be null or in [1, {len(layers)}] for this model, got {k}")
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - k :]:
+        layer.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
 
 
 def tiny_config(vocab_size: int, **overrides: object) -> LlamaConfig:

@@ -84,7 +84,7 @@ def test_a_seeded_batch_longer_than_one_engine_step(engine: VLLMSampler, prompts
     params = SamplingConfig(n=2, max_new_tokens=4, seed=11)
     batched = engine.generate(long, params)
     for i, prompt in enumerate(long):
-        alone = engine.generate([prompt], SamplingConfig(n=2, max_new_tokens=4, seed=11 + i * 2))
+        alone = engine.generate([prompt], SamplingConfig(n=2, max_new_tokens=4, seed=11 + i * params.n))
         assert [g.token_ids for g in batched[i]] == [g.token_ids for g in alone[0]]
 
 
