@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mempo.data.synthetic import SPLITS
 from mempo.losses import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_KINDS, MEMORY_BASELINES, MEMORY_NORMALIZE
 
 CONTEXT_MODES = ("memory", "full_history")
@@ -183,6 +184,7 @@ class EvalSchema:
     turn_slack: int | None = 1  # tasks of N objectives get 2N + 1 + turn_slack turns; null = agent.max_turns
     score_memories: bool = True  # P(ans | q, m) of every memory of the evaluation (a forward per memory)
     max_trajectories: int = 8  # sample trajectories per checkpoint x agent x N in the W&B table
+    split: str = "val"  # val (held-out world) | train (the training world: RL's task distribution) | test
 
 
 @dataclass
@@ -285,6 +287,7 @@ def check_values(cfg: DictConfig) -> None:
         ),
         ("eval.every_n_steps", cfg.eval.every_n_steps >= 0, "must be >= 0"),
         ("eval.turn_slack", cfg.eval.turn_slack is None or cfg.eval.turn_slack >= 0, "must be null or >= 0"),
+        ("eval.split", cfg.eval.split in SPLITS, f"must be one of {list(SPLITS)}"),
         ("data.num_val_tasks", cfg.data.num_val_tasks >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:

@@ -1,7 +1,7 @@
 """Checkpoints x agents x objectives on the same tasks: the grid behind ``experiments/eval.py``.
 
-For every N in ``eval.objectives`` the val tasks are built once and shared by every checkpoint and agent, so rows
-of the table differ only in the policy and in the context mode (memory = MemPO's context reset, full_history = the
+For every N in ``eval.objectives`` the ``eval.split`` tasks are built once and shared by every checkpoint and agent, so
+rows of the table differ only in the policy and in the context mode (memory = MemPO's context reset, full_history = the
 ReAct baseline). Each rollout's memories are scored with the checkpoint's own policy, P(ans | q, m) of Eq. 4,
 which is the memory analysis of mempo.md §2 (MemPO's memory advantage should shift it upward).
 """
@@ -208,11 +208,12 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
         reward_kind=cfg.reward.kind,
         turn_slack=cfg.eval.turn_slack,
     )
-    tasks_by_n = {n: build_tasks(cfg, "val", num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
+    split = cfg.eval.split  # val: held-out tasks; train: the training world's, RL's task distribution
+    tasks_by_n = {n: build_tasks(cfg, split, num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
     agent = build_agent_config(cfg, greedy=cfg.eval.greedy)
     chains = None
     if cfg.data.source == "synthetic":
-        chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), "val", seed=cfg.seed)}
+        chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
     total = GridResult([], [], [])
     for label, name in checkpoint_folders(cfg).items():
         folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)

@@ -114,3 +114,24 @@ def test_validation_every_k_steps_lands_in_metrics_csv(make_cfg, tmp_path):
     assert float(rows[1]["val/tt"]) >= float(rows[1]["val/pt"]) > 0
     assert 0.0 <= float(rows[1]["val/f1"]) <= 1.0
     assert module.last_metrics["val/pt"] == float(rows[1]["val/pt"])
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_eval_split_picks_the_world_its_tasks_ask_about(make_cfg, tmp_path, split):
+    """eval.split=train evaluates RL's task distribution (questions about the training world), val the held-out
+    world's: told apart by the question texts each world asks, not by the task ids the code writes."""
+    from mempo.builders import synthetic_world
+    from mempo.data.synthetic import heldout_world
+
+    cfg = make_cfg(*TINY_RUN, "eval.objectives=[1]", "eval.num_tasks=3", "eval.agents=[memory]",
+                   "eval.score_memories=false", f"eval.split={split}", f"run_dir={tmp_path}")  # fmt: skip
+    run_eval(cfg)
+    asked = {json.loads(x)["question"] for x in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()}
+    train_world = synthetic_world(cfg)
+    texts = {
+        "train": {q.question.question for q in train_world.all_questions()},
+        "val": {q.question.question for q in heldout_world(train_world).all_questions()},
+    }
+    assert len(asked) == 3
+    assert asked <= texts[split]
+    assert not asked & texts["val" if split == "train" else "train"]
