@@ -10,6 +10,7 @@ import csv
 import json
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +352,45 @@ def read_eval_dir(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     return rows, read_records(folder / "results.jsonl")
 
 
+MEAN_FIELDS = ("em", "f1", "reward", "format_fail", "turns", "tt", "pt")  # per-task fields a --mean checkpoint averages
+
+
+def mean_checkpoint(
+    records: list[dict[str, Any]], name: str, labels: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows, records) of a checkpoint ``name`` whose per-task values are the means of ``labels``' on that task
+    (e.g. one recipe's seeds): every label must have scored the same tasks for each (agent, N). Its intervals are
+    bootstraps over tasks with the labels held fixed, so they leave out the spread between seeds."""
+    from mempo.eval.stats import bootstrap_ci
+
+    if len(labels) < 2:
+        raise ValueError(f"--mean {name}: needs at least two checkpoints, got {list(labels)}")
+    by: dict[tuple[str, int], dict[str, dict[str, dict[str, Any]]]] = {}
+    for r in records:
+        if r["checkpoint"] in labels:
+            by.setdefault((r["agent"], r["objectives"]), {}).setdefault(r["checkpoint"], {})[r["task_id"]] = r
+    if not by:
+        raise ValueError(f"--mean {name}: none of {list(labels)} is in the evaluations given")
+    rows, out = [], []
+    for (agent, n), per_label in sorted(by.items()):
+        tasks = [set(per_label.get(lab, {})) for lab in labels]
+        if any(t != tasks[0] for t in tasks):
+            raise ValueError(f"--mean {name}: {list(labels)} did not score the same tasks at agent={agent}, N={n}")
+        recs = [
+            {"checkpoint": name, "agent": agent, "objectives": n, "task_id": tid}
+            | {f: sum(per_label[lab][tid][f] for lab in labels) / len(labels) for f in MEAN_FIELDS}
+            for tid in sorted(tasks[0])
+        ]
+        row: dict[str, Any] = {"checkpoint": name, "agent": agent, "objectives": n, "tasks": len(recs)}
+        for f in MEAN_FIELDS:
+            row[f] = sum(r[f] for r in recs) / len(recs)
+        for m in ("em", "f1"):
+            _, row[f"{m}_lo"], row[f"{m}_hi"] = bootstrap_ci([r[m] for r in recs])
+        rows.append(row)
+        out += recs
+    return rows, out
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m mempo.eval.report EVAL_DIR [EVAL_DIR ...]``: one interval table over several evaluations of the
     same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint."""
@@ -358,11 +398,21 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("eval_dirs", nargs="+", type=Path)
+    ap.add_argument("--mean", action="append", default=[], metavar="NAME=A,B",
+                    help="add a checkpoint NAME whose per-task values are the means of checkpoints A, B, ... "
+                    "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for d in args.eval_dirs:
         r, rec = read_eval_dir(d)
+        rows += r
+        records += rec
+    for spec in args.mean:
+        name, sep, labels = spec.partition("=")
+        if not sep or not name or not labels:
+            raise SystemExit(f"--mean {spec!r}: expected NAME=A,B (checkpoint labels of the evaluations given)")
+        r, rec = mean_checkpoint(records, name, labels.split(","))
         rows += r
         records += rec
     print(interval_table(rows, records))
