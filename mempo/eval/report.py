@@ -81,8 +81,7 @@ def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]]) ->
                 verdict = "excludes 0" if d[1] > 0 or d[2] < 0 else "includes 0"
                 row[f"{metric.upper()} diff [95% CI]"] = f"{fmt_ci(*d)} {verdict}"
             diff_rows.append(row)
-    split = str(records[0]["task_id"]).split("-")[0] if records else "?"  # task ids are "<split>-n<N>-<k>"
-    out += ["", f"Paired differences over the same tasks ({split} split):", ""]
+    out += ["", "Paired differences over the same tasks:", ""]
     out.append(markdown_table(diff_rows, ["comparison", "N", "tasks", "EM diff [95% CI]", "F1 diff [95% CI]"]))
     return "\n".join(out)
 
