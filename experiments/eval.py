@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from mempo.config import validate_config
+from mempo.config import validate_config  # importing it registers the schema config.yaml composes onto
 from mempo.eval.compare import run_eval
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mempo.config import validate_config
+from mempo.config import validate_config  # importing it registers the schema config.yaml composes onto
 from mempo.entry import run_stage
 
 

@@ -1,11 +1,13 @@
 """Build the run's objects from a validated config (the only place that reads config groups).
 
-Each builder turns one group into the typed objects the code takes, so the algorithm never sees a config object.
+A config group's node is its own dataclass (``mempo.config``): ``group(cfg, "loss")`` is the frozen ``LossConfig``
+the code takes, so the algorithm never sees a config object and no group's fields are copied by hand.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,13 @@ from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file
 from mempo.data.synthetic import SyntheticWorld, split_questions
 from mempo.data.tasks import Task
-from mempo.losses import LossConfig
-from mempo.rollout.agent import AgentConfig
-from mempo.rollout.env import SearchEnv
+from mempo.models.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
+from mempo.models.module import MemPOModule, OptimConfig
+from mempo.rollout.env import EnvConfig, SearchEnv
 from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
-from mempo.rollout.retrievers import BM25Retriever, HTTPRetriever
-from mempo.rollout.sampler import Sampler, SamplingConfig
+from mempo.rollout.retrievers import make_retriever
+from mempo.rollout.sampler import Sampler, SamplerConfig
 
 
 def run_path(cfg: DictConfig, *parts: str) -> Path:
@@ -37,8 +39,13 @@ def cache_dir(cfg: DictConfig) -> str | None:
     return cfg.model.cache_dir
 
 
+def group(cfg: DictConfig, name: str) -> Any:
+    """The config group ``name`` as the dataclass the code takes (``LossConfig``, ``Tags``, ``EvalConfig``, ...)."""
+    return OmegaConf.to_object(cfg[name])
+
+
 def build_tags(cfg: DictConfig) -> Tags:
-    return Tags(**OmegaConf.to_container(cfg.tags))
+    return group(cfg, "tags")
 
 
 def synthetic_world(cfg: DictConfig) -> SyntheticWorld:
@@ -52,8 +59,6 @@ def corpus_path(cfg: DictConfig) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"env.corpus: {path} does not exist")
         return path
-    from mempo.models.loading import cache_root
-
     # The training world and its held-out world in one index (mempo.data.synthetic: the entity-level split).
     path = cache_root(cache_dir(cfg)) / "corpora" / f"synthetic-world-{cfg.data.world_seed}-with-heldout.jsonl"
     if not path.exists():
@@ -65,13 +70,12 @@ def corpus_path(cfg: DictConfig) -> Path:
 
 
 def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
-    e = cfg.env
+    e: EnvConfig = group(cfg, "env")
     if e.retriever == "bm25":
-        from mempo.models.loading import cache_root
-
-        retriever = BM25Retriever.from_corpus(corpus_path(cfg), cache_dir=cache_root(cache_dir(cfg)) / "bm25")
+        kwargs: dict[str, Any] = {"path": corpus_path(cfg), "cache_dir": cache_root(cache_dir(cfg)) / "bm25"}
     else:
-        retriever = HTTPRetriever(e.url, timeout_s=e.timeout_s, max_retries=e.max_retries, backoff_s=e.backoff_s)
+        kwargs = {"url": e.url, "timeout_s": e.timeout_s, "max_retries": e.max_retries, "backoff_s": e.backoff_s}
+    retriever = make_retriever(e.retriever, **kwargs)
     return SearchEnv(
         retriever,
         tokenizer,
@@ -97,42 +101,8 @@ def build_tasks(
     return compose_tasks(questions, n_obj, num_tasks=num_tasks, seed=cfg.seed, prefix=f"{split}-n{n_obj}")
 
 
-def build_agent_config(cfg: DictConfig, *, greedy: bool = False) -> AgentConfig:
-    s = cfg.sampler
-    return AgentConfig(
-        context=cfg.agent.context,
-        max_turns=cfg.agent.max_turns,
-        keep_previous_turn=cfg.agent.keep_previous_turn,
-        max_context_tokens=cfg.agent.max_context_tokens,
-        include_tags=cfg.memory.include_tags,
-        sampling=SamplingConfig(
-            max_new_tokens=s.max_new_tokens,
-            temperature=0.0 if greedy else s.temperature,
-            top_p=1.0 if greedy else s.top_p,
-            seed=cfg.seed,
-        ),
-    )
-
-
 def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:
     return PromptBuilder(tokenizer, build_tags(cfg))
-
-
-def build_loss(cfg: DictConfig) -> LossConfig:
-    return LossConfig(**OmegaConf.to_container(cfg.loss))
-
-
-def build_memory_config(cfg: DictConfig) -> Any:
-    from mempo.models.module import MemoryConfig
-
-    return MemoryConfig(
-        alpha=cfg.memory.alpha,
-        baseline=cfg.memory.baseline,
-        normalize=cfg.memory.normalize,
-        estimator=cfg.advantage.estimator,
-        scale=cfg.advantage.scale,
-        log_p_ans=cfg.memory.log_p_ans,
-    )
 
 
 def resolve_old_logp(cfg: DictConfig) -> str:
@@ -145,15 +115,13 @@ def resolve_old_logp(cfg: DictConfig) -> str:
     return "sampler" if dtype == "float32" else "recompute"
 
 
-def build_optim_config(cfg: DictConfig) -> Any:
-    from mempo.models.module import OptimConfig
-
-    return OptimConfig(**{**OmegaConf.to_container(cfg.optim), "old_logp": resolve_old_logp(cfg)})
+def build_optim_config(cfg: DictConfig) -> OptimConfig:
+    return replace(group(cfg, "optim"), old_logp=resolve_old_logp(cfg))
 
 
 def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None) -> Sampler:
     """``sampler.backend``: vllm (an engine over the policy's folder) or hf (generate with the policy itself)."""
-    s = cfg.sampler
+    s: SamplerConfig = group(cfg, "sampler")
     if s.backend == "hf":
         from mempo.rollout.hf_sampler import HFSampler
 
@@ -173,12 +141,9 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
     )
 
 
-def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
+def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
     """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0) and env, the policy's folder)."""
-    from mempo.models.loading import load_policy, resolve_model_path, train_top_layers
-    from mempo.models.module import MemPOModule
-
-    m = cfg.model
+    m: ModelConfig = group(cfg, "model")
     model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
     policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     if m.gradient_checkpointing:
@@ -193,9 +158,11 @@ def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
         build_env(cfg, tokenizer),
         reference=reference,
         builder=build_builder(cfg, tokenizer),
-        agent=build_agent_config(cfg),
-        loss=build_loss(cfg),
-        memory=build_memory_config(cfg),
+        agent=group(cfg, "agent"),
+        sampling=group(cfg, "sampler").sampling(seed=cfg.seed),
+        loss=group(cfg, "loss"),
+        memory=group(cfg, "memory"),
+        advantage=group(cfg, "advantage"),
         optim=build_optim_config(cfg),
         group_size=cfg.data.group_size,
         reward_kind=cfg.reward.kind,
@@ -207,8 +174,6 @@ def build_module(cfg: DictConfig) -> tuple[Any, Path | str]:
 def build_eval_sampler(cfg: DictConfig, folder: str | Path) -> Sampler:
     """A sampler over a saved policy folder (evaluation of a checkpoint)."""
     if cfg.sampler.backend == "hf":
-        from mempo.models.loading import load_policy
-
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         return build_sampler(cfg, folder, policy, tokenizer)
     return build_sampler(cfg, folder)

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mempo.config import compose_config
-from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
+from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
 from mempo.rollout.sampler import Generation
 
@@ -115,8 +115,8 @@ def prompt_texts() -> list[str]:
     return ["The capital of France is", "One, two, three, four,", "Hi"]
 
 
-@register_advantage("test_signed")
-def _signed_advantage(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+@register_advantage("test_signed", needs_memory_scores=False)
+def _signed_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: +1 on every response token of even trajectories, -1 on odd ones. A nonzero learning signal
     that does not depend on a random or tiny model ever answering correctly (fits that must move the policy)."""
     sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]

@@ -20,11 +20,11 @@ import torch
 
 from mempo.config import compose_config
 from mempo.entry import fit_rl
-from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
+from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 
 
-@register_advantage("probe_signed")
-def _signed(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+@register_advantage("probe_signed", needs_memory_scores=False)
+def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
     return sign[:, None] * x.response_mask.float()
 

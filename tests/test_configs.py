@@ -141,15 +141,19 @@ def test_cli_unknown_key_names_it():
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_experiment_instantiates_its_typed_configs(exp):
     """Every experiment's groups turn into the typed objects the code takes (no model weights needed)."""
-    from mempo.builders import build_agent_config, build_loss, build_memory_config, build_optim_config, build_tags
+    from mempo.builders import build_optim_config, build_tags, group
+    from mempo.losses import LossConfig, MemoryConfig
+    from mempo.rollout.agent import AgentConfig
 
     cfg = validate_config(compose_cfg(f"+exp={exp}"))
-    loss = build_loss(cfg)
-    assert loss.kl_coef == cfg.loss.kl_coef and loss.agg == cfg.loss.agg
-    agent = build_agent_config(cfg)
-    assert agent.context == cfg.agent.context and agent.sampling.max_new_tokens == cfg.sampler.max_new_tokens
-    assert build_memory_config(cfg).alpha == cfg.memory.alpha
-    assert build_optim_config(cfg).lr == cfg.optim.lr
+    loss = group(cfg, "loss")
+    assert isinstance(loss, LossConfig) and loss.kl_coef == cfg.loss.kl_coef and loss.agg == cfg.loss.agg
+    agent = group(cfg, "agent")
+    assert isinstance(agent, AgentConfig) and agent.context == cfg.agent.context
+    assert group(cfg, "sampler").sampling(seed=0).max_new_tokens == cfg.sampler.max_new_tokens
+    memory = group(cfg, "memory")
+    assert isinstance(memory, MemoryConfig) and memory.alpha == cfg.memory.alpha
+    assert build_optim_config(cfg).lr == cfg.optim.lr and build_optim_config(cfg).old_logp in ("sampler", "recompute")
     assert build_tags(cfg).stop_strings() == ("</search>", "</answer>")
 
 

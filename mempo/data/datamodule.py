@@ -9,11 +9,50 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
+from mempo.base import one_of, require
 from mempo.data.tasks import Task
+
+DATA_SOURCES = ("synthetic", "qa_files")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Config group ``data``: where RL's tasks come from and the shape of a step.
+
+    source: synthetic (the embedded world) | qa_files (Search-R1-style jsonl/parquet in train_files, val_files).
+    objectives: questions per task; batch_size: tasks per RL step (the paper: 128); group_size: G rollouts per task
+    (the paper: 16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.
+    """
+
+    source: str = "synthetic"
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    objectives: int = 2
+    batch_size: int = 2
+    group_size: int = 4
+    world_seed: int = 0
+    num_val_tasks: int = 16
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            "data",
+            self,
+            [
+                ("source", self.source in DATA_SOURCES, one_of(DATA_SOURCES)),
+                ("train_files", self.source != "qa_files" or len(self.train_files) > 0, "is required (qa_files)"),
+                ("objectives", self.objectives >= 1, "must be >= 1"),
+                ("batch_size", self.batch_size >= 1, "must be >= 1"),
+                ("group_size", self.group_size >= 2, "must be >= 2 (GRPO needs a group)"),
+                ("num_val_tasks", self.num_val_tasks >= 1, "must be >= 1"),
+                ("num_workers", self.num_workers >= 0, "must be >= 0"),
+            ],
+        )
 
 
 def _identity(batch: list[Task]) -> list[Task]:

@@ -15,30 +15,62 @@ from typing import Any
 
 import torch
 
-from mempo.data.synthetic import SyntheticQuestion
+from mempo.base import one_of, require
+from mempo.data.synthetic import SPLITS, SyntheticQuestion
 from mempo.data.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.failures import failure_tally
 from mempo.eval.stats import bootstrap_ci
 from mempo.models.scoring import answer_probabilities
-from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, Trajectory
+from mempo.rollout.agent import CONTEXT_MODES, AgentConfig, Env, RolloutBatch, Trajectory
 from mempo.rollout.prompts import PromptBuilder
-from mempo.rollout.sampler import Sampler
+from mempo.rollout.sampler import Sampler, SamplingConfig
 
 METRICS = ("em", "f1", "reward", "format_fail", "turns", "tt", "pt")
 
 
 @dataclass(frozen=True)
-class EvalSpec:
-    """Config group ``eval`` (the parts the grid needs) and ``reward.kind``."""
+class EvalConfig:
+    """Config group ``eval``: the final evaluation, ``experiments/eval.py`` and in-training validation.
 
-    objectives: tuple[int, ...] = (1, 2, 4, 6, 8, 10)
-    agents: tuple[str, ...] = ("memory", "full_history")
+    num_tasks: tasks per N (tables carry 95% bootstrap intervals over them); objectives: the N's; agents: memory
+    (MemPO) and/or full_history (ReAct baseline), each on the same tasks; checkpoints: label -> HF folder (null =
+    model.name_or_path); every_n_steps: in-training validation on data.num_val_tasks tasks every k RL steps (0 =
+    off); turn_slack: tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs 2N + 1: two hops per
+    objective and the answer), null = agent.max_turns for every N; score_memories: P(ans | q, m) of every
+    evaluated memory (a forward per memory); max_trajectories: sample trajectories per checkpoint x agent x N in
+    the W&B table; split: val (the held-out world) | train (the training world: RL's task distribution) | test.
+    """
+
+    num_tasks: int = 16
+    objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
+    agents: list[str] = field(default_factory=lambda: list(CONTEXT_MODES))
     greedy: bool = True
-    reward_kind: str = "all_em"
-    # Tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs at most 2N + 1: two hops per
-    # objective and the answer); None = agent.max_turns for every N.
-    turn_slack: int | None = None
+    checkpoints: dict[str, str] | None = None
+    every_n_steps: int = 0
+    turn_slack: int | None = 1
+    score_memories: bool = True
+    max_trajectories: int = 8
+    split: str = "val"
+
+    def __post_init__(self) -> None:
+        require(
+            "eval",
+            self,
+            [
+                ("num_tasks", self.num_tasks >= 1, "must be >= 1"),
+                ("objectives", len(self.objectives) > 0 and min(self.objectives) >= 1, "must be >= 1 each"),
+                (
+                    "agents",
+                    len(self.agents) > 0 and set(self.agents) <= set(CONTEXT_MODES),
+                    f"must be a non-empty subset of {list(CONTEXT_MODES)}",
+                ),
+                ("every_n_steps", self.every_n_steps >= 0, "must be >= 0"),
+                ("turn_slack", self.turn_slack is None or self.turn_slack >= 0, "must be null or >= 0"),
+                ("max_trajectories", self.max_trajectories >= 0, "must be >= 0"),
+                ("split", self.split in SPLITS, one_of(SPLITS)),
+            ],
+        )
 
 
 @dataclass
@@ -120,15 +152,18 @@ def evaluate_grid(
     builder: PromptBuilder,
     tasks_by_n: Mapping[int, Sequence[Task]],
     agent: AgentConfig,
-    spec: EvalSpec,
+    sampling: SamplingConfig,
+    evaluation: EvalConfig,
     *,
     checkpoint: str,
+    reward_kind: str = "all_em",
+    include_tags: bool = True,
     policy: torch.nn.Module | None = None,
     pad_id: int = 0,
     bf16: bool = False,
     chains: Mapping[str, SyntheticQuestion] | None = None,
 ) -> GridResult:
-    """Every agent in ``spec.agents`` on every task set of ``tasks_by_n`` (one rollout per task), with ``sampler``.
+    """Every agent in ``evaluation.agents`` on every task set of ``tasks_by_n`` (one rollout each), with ``sampler``.
 
     ``policy`` (the sampler's weights as a HF model) scores each memory; None skips the memory analysis.
     Rows carry 95% bootstrap intervals of EM and F1 over tasks (``em_lo``, ``em_hi``, ``f1_lo``, ``f1_hi``).
@@ -136,17 +171,20 @@ def evaluate_grid(
     """
     out = GridResult([], [], [])
     for n, tasks in tasks_by_n.items():
-        for context in spec.agents:
+        for context in evaluation.agents:
             keys = {"checkpoint": checkpoint, "agent": context, "objectives": n}
-            turns = agent.max_turns if spec.turn_slack is None else 2 * n + 1 + spec.turn_slack
+            slack = evaluation.turn_slack
+            turns = agent.max_turns if slack is None else 2 * n + 1 + slack
             metrics, batch = evaluate_agent(
                 sampler,
                 env,
                 tasks,
                 builder,
                 replace(agent, context=context, max_turns=turns),
-                reward_kind=spec.reward_kind,
-                greedy=spec.greedy,
+                sampling=sampling,
+                include_tags=include_tags,
+                reward_kind=reward_kind,
+                greedy=evaluation.greedy,
             )
             row = {**keys, "tasks": len(tasks), **{k.split("/", 1)[1]: v for k, v in metrics.items()}}
             records = [trajectory_record(t, **keys) for t in batch.trajectories]
@@ -182,43 +220,27 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
     out: the output folder instead of ``<run_dir>/eval``.
     -> {"rows", "out", "files"}.
     """
-    from mempo.builders import (
-        build_agent_config,
-        build_builder,
-        build_env,
-        build_sampler,
-        build_tasks,
-        run_path,
-        synthetic_world,
-    )
-    from mempo.config import CONTEXT_MODES, resolve_precision
+    from mempo.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
+    from mempo.config import resolve_precision
     from mempo.data.synthetic import split_questions
     from mempo.eval.report import log_to_wandb, write_report
     from mempo.models.loading import load_policy, resolve_model_path
 
     out = run_path(cfg, "eval") if out is None else Path(out)
-    agents = {k: tuple(v) for k, v in (agents or {}).items()}
-    for label, contexts in agents.items():
-        if not contexts or not set(contexts) <= set(CONTEXT_MODES):
-            raise ValueError(f"agents[{label!r}]={list(contexts)} must be a non-empty subset of {list(CONTEXT_MODES)}")
-    spec = EvalSpec(
-        objectives=tuple(cfg.eval.objectives),
-        agents=tuple(cfg.eval.agents),
-        greedy=cfg.eval.greedy,
-        reward_kind=cfg.reward.kind,
-        turn_slack=cfg.eval.turn_slack,
-    )
-    split = cfg.eval.split  # val: held-out tasks; train: the training world's, RL's task distribution
-    tasks_by_n = {n: build_tasks(cfg, split, num_tasks=cfg.eval.num_tasks, objectives=n) for n in spec.objectives}
-    agent = build_agent_config(cfg, greedy=cfg.eval.greedy)
+    evaluation: EvalConfig = group(cfg, "eval")
+    per_label = {label: replace(evaluation, agents=list(contexts)) for label, contexts in (agents or {}).items()}
+    split = evaluation.split  # val: held-out tasks; train: the training world's, RL's task distribution
+    tasks_by_n = {
+        n: build_tasks(cfg, split, num_tasks=evaluation.num_tasks, objectives=n) for n in evaluation.objectives
+    }
     chains = None
     if cfg.data.source == "synthetic":
         chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
     total = GridResult([], [], [])
     for label, name in checkpoint_folders(cfg).items():
         folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
-        spec_ck = replace(spec, agents=agents.get(label, spec.agents))
-        print(f"[mempo] eval: {label} ({folder}) on N = {list(spec.objectives)}, agents {list(spec_ck.agents)}")
+        ev = per_label.get(label, evaluation)
+        print(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         sampler = build_sampler(cfg, folder, policy, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -228,10 +250,13 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
                 build_env(cfg, tokenizer),
                 build_builder(cfg, tokenizer),
                 tasks_by_n,
-                agent,
-                spec_ck,
+                group(cfg, "agent"),
+                group(cfg, "sampler").sampling(seed=cfg.seed, greedy=ev.greedy),
+                ev,
                 checkpoint=label,
-                policy=policy if cfg.eval.score_memories else None,
+                reward_kind=cfg.reward.kind,
+                include_tags=cfg.memory.include_tags,
+                policy=policy if ev.score_memories else None,
                 pad_id=pad_id,
                 bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
                 chains=chains,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from mempo.data.tasks import Task
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect
 from mempo.rollout.prompts import PromptBuilder
-from mempo.rollout.sampler import Sampler
+from mempo.rollout.sampler import Sampler, SamplingConfig
 
 
 def summarize(batch: RolloutBatch, prefix: str = "val") -> dict[str, float]:
@@ -37,11 +37,15 @@ def evaluate_agent(
     builder: PromptBuilder,
     agent: AgentConfig,
     *,
+    sampling: SamplingConfig,
+    include_tags: bool = True,
     reward_kind: str = "all_em",
     greedy: bool = True,
 ) -> tuple[dict[str, float], RolloutBatch]:
     """One rollout per task (greedy by default) -> (metrics, the rollouts)."""
     if greedy:
-        agent = replace(agent, sampling=replace(agent.sampling, temperature=0.0, top_p=1.0))
-    batch = collect(sampler, env, tasks, 1, builder, agent, reward_kind=reward_kind)
+        sampling = replace(sampling, temperature=0.0, top_p=1.0)
+    batch = collect(
+        sampler, env, tasks, 1, builder, agent, sampling=sampling, include_tags=include_tags, reward_kind=reward_kind
+    )
     return summarize(batch), batch

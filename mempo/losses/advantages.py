@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -156,56 +157,102 @@ class AdvantageInputs:
 
 
 @dataclass(frozen=True)
-class AdvantageParams:
-    """alpha: weight of A^M on memory tokens; scale: divide by the group std; normalize: memory grouping."""
+class MemoryConfig:
+    """Config group ``memory`` (Eq. 4, 5, 9; keys repeat these names).
+
+    alpha: weight of A^M on memory tokens (Eq. 9); 0 = GRPO with the memory format.
+    baseline: previous_memory | question_only | none (Eq. 5).
+    normalize: pooled | per_turn grouping of R^M before the z-score.
+    include_tags: the <mem> and </mem> tag tokens get the memory advantage too.
+    log_p_ans: score memories even when the estimator does not use them (memory/p_ans_mean of an ablation).
+    """
 
     alpha: float = 1.0
-    scale: bool = True
+    baseline: str = "previous_memory"
     normalize: str = "pooled"
-    eps: float = 1e-6
+    include_tags: bool = True
+    log_p_ans: bool = False
 
     def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"memory.alpha must be >= 0, got {self.alpha}")
+        if self.baseline not in MEMORY_BASELINES:
+            raise ValueError(f"memory.baseline must be one of {MEMORY_BASELINES}, got {self.baseline!r}")
         if self.normalize not in MEMORY_NORMALIZE:
             raise ValueError(f"memory.normalize must be one of {MEMORY_NORMALIZE}, got {self.normalize!r}")
 
 
-AdvantageEstimator = Callable[[AdvantageInputs, AdvantageParams], Tensor]
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Config group ``advantage``: estimator, a name in ``ADVANTAGE_ESTIMATORS``; scale: divide by the group std
+    (false = Dr. GRPO); eps: added to the std."""
+
+    estimator: str = "mempo"
+    scale: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"advantage.estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.estimator!r}"
+            )
+        if self.eps <= 0:
+            raise ValueError(f"advantage.eps must be > 0, got {self.eps}")
+
+    @property
+    def needs_memory_scores(self) -> bool:
+        """Whether the estimator reads R^M (then every memory is scored by a forward pass)."""
+        return ADVANTAGE_ESTIMATORS[self.estimator].needs_memory_scores
+
+
+class AdvantageEstimator(Protocol):
+    """[N, T] token advantages from the batch's tensors and the two config groups it may read."""
+
+    needs_memory_scores: bool
+
+    def __call__(self, x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor: ...
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
-def register_advantage(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    def deco(fn: AdvantageEstimator) -> AdvantageEstimator:
+def register_advantage(
+    name: str, *, needs_memory_scores: bool
+) -> Callable[[Callable[..., Tensor]], AdvantageEstimator]:
+    """Register an estimator under ``name`` (the value of ``advantage.estimator``); ``needs_memory_scores`` declares
+    whether it reads ``mem_rewards`` (when false the module skips the memory-scoring forward)."""
+
+    def deco(fn: Callable[..., Tensor]) -> AdvantageEstimator:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
+        fn.needs_memory_scores = needs_memory_scores  # type: ignore[attr-defined]
+        ADVANTAGE_ESTIMATORS[name] = fn  # type: ignore[assignment]
+        return fn  # type: ignore[return-value]
 
     return deco
 
 
-def compute_advantages(name: str, inputs: AdvantageInputs, params: AdvantageParams) -> Tensor:
-    """-> adv [N, T] from the estimator registered as ``name``."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name](inputs, params)
+def compute_advantages(inputs: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
+    """-> adv [N, T] from the estimator named by ``advantage.estimator``."""
+    return ADVANTAGE_ESTIMATORS[advantage.estimator](inputs, memory, advantage)
 
 
-@register_advantage("grpo")
-def grpo_estimator(x: AdvantageInputs, p: AdvantageParams) -> Tensor:
-    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=p.scale, eps=p.eps)  # [R]
+@register_advantage("grpo", needs_memory_scores=False)
+def grpo_estimator(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
+    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=advantage.scale, eps=advantage.eps)  # [R]
     return token_advantages(
         traj_adv[x.traj_ids], torch.zeros_like(x.mem_rewards), x.response_mask, x.mem_mask, alpha=0.0
     )
 
 
-@register_advantage("mempo")
-def mempo_estimator(x: AdvantageInputs, p: AdvantageParams) -> Tensor:
-    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=p.scale, eps=p.eps)  # [R]
+@register_advantage("mempo", needs_memory_scores=True)
+def mempo_estimator(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
+    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=advantage.scale, eps=advantage.eps)  # [R]
     mem_adv = torch.zeros_like(x.mem_rewards)  # [N]
     valid = x.mem_valid.bool()
     if valid.any():
         sample_groups = x.group_ids[x.traj_ids]  # [N]
         mem_adv[valid] = memory_advantage(
-            x.mem_rewards[valid], sample_groups[valid], x.turn_ids[valid], normalize=p.normalize, eps=p.eps
+            x.mem_rewards[valid], sample_groups[valid], x.turn_ids[valid], normalize=memory.normalize, eps=advantage.eps
         )
-    return token_advantages(traj_adv[x.traj_ids], mem_adv, x.response_mask, x.mem_mask, alpha=p.alpha)
+    return token_advantages(traj_adv[x.traj_ids], mem_adv, x.response_mask, x.mem_mask, alpha=memory.alpha)

@@ -20,7 +20,7 @@ class LossConfig:
     kl_kind: k1 | k2 | k3 estimator of KL(pi_theta || pi_ref).
     agg: aggregation mode (see ``mempo.losses.aggregate``).
     tis_cap: truncated importance sampling cap for a sampler/trainer mismatch (weights min(pi_old/pi_sampler, cap));
-             None disables it.
+             None disables it. With old log-probs taken from the sampler (fp32 engines) every weight is 1.
     """
 
     eps_low: float = 0.2
@@ -28,7 +28,7 @@ class LossConfig:
     kl_coef: float = 1e-3
     kl_kind: str = "k3"
     agg: str = "traj_mean_token_mean"
-    tis_cap: float | None = None
+    tis_cap: float | None = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eps_low < 1.0:

@@ -275,6 +275,8 @@ class ValidationCallback(L.Callback):
             self.tasks,
             pl_module.builder,
             pl_module.agent,
+            sampling=pl_module.sampling,
+            include_tags=pl_module.memory_cfg.include_tags,
             reward_kind=self.reward_kind,
             greedy=True,
         )

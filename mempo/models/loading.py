@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from mempo.base import one_of, require
+
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"
 MODEL_NAMES: tuple[str, ...] = (SMOLLM2, TINY)
@@ -44,6 +47,33 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # owner/name as the hub spells repository ids; anything else that does not exist locally is a bad path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Config group ``model``.
+
+    name_or_path: a local HF folder, an embedded name (``MODEL_NAMES``) or an owner/name hub id.
+    cache_dir: where embedded models are built; null = $MEMPO_CACHE or ~/.cache/mempo.
+    train_top_layers: RL trains only the last k decoder layers and the final norm; null = all.
+    """
+
+    name_or_path: str = SMOLLM2
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    cache_dir: str | None = None
+    gradient_checkpointing: bool = False
+    train_top_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            "model",
+            self,
+            [
+                ("dtype", self.dtype in _DTYPES, one_of(_DTYPES)),
+                ("train_top_layers", self.train_top_layers is None or self.train_top_layers >= 1, "must be >= 1"),
+            ],
+        )
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

@@ -31,11 +31,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from mempo.base import one_of, require
 from mempo.data.tasks import Task
 from mempo.losses import (
+    AdvantageConfig,
     AdvantageInputs,
-    AdvantageParams,
     LossConfig,
+    MemoryConfig,
     compute_advantages,
     loss_weights,
     memory_rewards,
@@ -45,12 +47,21 @@ from mempo.models.logprobs import token_logprobs
 from mempo.models.scoring import answer_probabilities, length_sorted_batches, sequence_logprobs
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
-from mempo.rollout.sampler import Sampler
+from mempo.rollout.sampler import Sampler, SamplingConfig
+
+OLD_LOGP_SOURCES = ("auto", "sampler", "recompute")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Config group ``optim``."""
+    """Config group ``optim`` (keys repeat these names).
+
+    old_logp: where the old log-probs come from: sampler (the engine's, exact when it samples in float32),
+    recompute (a no-grad trainer forward; bf16 engines), or auto (``builders.resolve_old_logp`` picks one before
+    the module is built; the module itself takes sampler or recompute).
+    max_nonfinite: non-finite losses or gradients in a row before the run stops.
+    skip_no_signal: no AdamW update on a step whose advantages are all 0 and kl_coef = 0 (see ``_has_signal``).
+    """
 
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -58,21 +69,22 @@ class OptimConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     micro_batch_size: int = 8
-    old_logp: str = "sampler"  # sampler | recompute (resolved from "auto" by builders.resolve_old_logp)
+    old_logp: str = "auto"
     max_nonfinite: int = 3
-    skip_no_signal: bool = True  # a step whose loss has no gradient signal makes no AdamW update (see _no_update)
+    skip_no_signal: bool = True
 
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """Config group ``memory`` (Eq. 4, 5, 9) and ``advantage``."""
-
-    alpha: float = 1.0
-    baseline: str = "previous_memory"
-    normalize: str = "pooled"
-    estimator: str = "mempo"
-    scale: bool = True
-    log_p_ans: bool = False  # score memories even when the estimator does not use them (logs memory/p_ans_mean)
+    def __post_init__(self) -> None:
+        checks = [
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("grad_clip", self.grad_clip > 0, "must be > 0"),
+            ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
+            ("micro_batch_size", self.micro_batch_size >= 1, "must be >= 1"),
+            ("old_logp", self.old_logp in OLD_LOGP_SOURCES, one_of(OLD_LOGP_SOURCES)),
+            ("max_nonfinite", self.max_nonfinite >= 1, "must be >= 1"),
+        ]
+        require("optim", self, checks)
 
 
 class MemPOModule(L.LightningModule):
@@ -85,8 +97,10 @@ class MemPOModule(L.LightningModule):
         reference: PreTrainedModel | None,
         builder: PromptBuilder,
         agent: AgentConfig,
+        sampling: SamplingConfig,
         loss: LossConfig,
         memory: MemoryConfig,
+        advantage: AdvantageConfig,
         optim: OptimConfig,
         group_size: int,
         reward_kind: str = "all_em",
@@ -100,7 +114,10 @@ class MemPOModule(L.LightningModule):
         if reference is not None:
             reference.requires_grad_(False).eval()
         self.tokenizer, self.env, self.builder = tokenizer, env, builder
-        self.agent, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, loss, memory, optim
+        if optim.old_logp == "auto":
+            raise ValueError("optim.old_logp=auto must be resolved before the module (builders.resolve_old_logp)")
+        self.agent, self.sampling, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, sampling, loss, memory, optim
+        self.advantage_cfg = advantage
         self.group_size, self.reward_kind, self.seed = group_size, reward_kind, seed
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference out
@@ -118,13 +135,20 @@ class MemPOModule(L.LightningModule):
     def rollout(self, tasks: list[Task]) -> RolloutBatch:
         if self.sampler is None:
             raise RuntimeError("no sampler: MemPOModule must be trained with a SamplerCallback")
-        seed = None if self.agent.sampling.seed is None else self.agent.sampling.seed + 1_000_003 * self.batches_done
-        agent = replace(self.agent, sampling=replace(self.agent.sampling, seed=seed))
+        seed = None if self.sampling.seed is None else self.sampling.seed + 1_000_003 * self.batches_done
         # training_step runs under the trainer's autocast (bf16-mixed); an in-process engine (vLLM-CPU runs torch
         # ops in this process) must sample in its own dtype, so that its log-probs are the behaviour policy's.
         with torch.autocast(self.device.type, enabled=False):
             return collect(
-                self.sampler, self.env, tasks, self.group_size, self.builder, agent, reward_kind=self.reward_kind
+                self.sampler,
+                self.env,
+                tasks,
+                self.group_size,
+                self.builder,
+                self.agent,
+                sampling=replace(self.sampling, seed=seed),
+                include_tags=self.memory_cfg.include_tags,
+                reward_kind=self.reward_kind,
             )
 
     def memory_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,7 +189,7 @@ class MemPOModule(L.LightningModule):
     def uses_memory_rewards(self) -> bool:
         """False when the estimator cannot use R^M (GRPO, or any estimator with alpha = 0, the weight of the memory
         advantage): the scoring forward over every memory is then skipped."""
-        return self.memory_cfg.alpha != 0 and self.memory_cfg.estimator != "grpo"
+        return self.memory_cfg.alpha != 0 and self.advantage_cfg.needs_memory_scores
 
     @property
     def scores_memories(self) -> bool:
@@ -177,7 +201,6 @@ class MemPOModule(L.LightningModule):
     ) -> torch.Tensor:
         """[N, T] token advantages of a batch (``RolloutBatch.to_tensors``) from the configured estimator (Eq. 9)."""
         return compute_advantages(
-            self.memory_cfg.estimator,
             AdvantageInputs(
                 rewards=x["rewards"],
                 group_ids=x["traj_group_ids"],
@@ -188,9 +211,8 @@ class MemPOModule(L.LightningModule):
                 response_mask=x["response_mask"],
                 mem_mask=x["mem_mask"],
             ),
-            AdvantageParams(
-                alpha=self.memory_cfg.alpha, scale=self.memory_cfg.scale, normalize=self.memory_cfg.normalize
-            ),
+            self.memory_cfg,
+            self.advantage_cfg,
         )
 
     # ---------------------------------------------------------------------------------------------- training

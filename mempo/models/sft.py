@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from mempo.base import one_of, require
 from mempo.data.tasks import Task
 from mempo.models.logprobs import token_logprobs
 from mempo.rollout.agent import Env, next_context
@@ -123,6 +124,46 @@ def sft_dataloader(examples: Sequence[SFTExample], *, batch_size: int, pad_id: i
 
 
 LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Config group ``sft``: the supervised warm start.
+
+    trajectories: JSONL of teacher trajectories (``mempo.data.oracle``); null = the synthetic oracle's.
+    num_tasks: teacher tasks per entry of ``objectives`` (questions per task, one task set each; null =
+    [data.objectives]). lr_schedule: constant | cosine (linear warmup, then down to min_lr_ratio * lr).
+    max_steps: -1 = epochs over the examples.
+    """
+
+    trajectories: str | None = None
+    num_tasks: int = 256
+    objectives: list[int] | None = None
+    batch_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 4
+    lr_schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    epochs: int = 1
+    max_steps: int = -1
+
+    def __post_init__(self) -> None:
+        objectives_ok = self.objectives is None or (len(self.objectives) > 0 and min(self.objectives) >= 1)
+        require(
+            "sft",
+            self,
+            [
+                ("num_tasks", self.num_tasks >= 1, "must be >= 1"),
+                ("objectives", objectives_ok, "must be null or a non-empty list of numbers >= 1"),
+                ("batch_size", self.batch_size >= 1, "must be >= 1"),
+                ("lr", self.lr > 0, "must be > 0"),
+                ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+                ("lr_schedule", self.lr_schedule in LR_SCHEDULES, one_of(LR_SCHEDULES)),
+                ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]"),
+                ("epochs", self.epochs >= 1, "must be >= 1"),
+            ],
+        )
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:

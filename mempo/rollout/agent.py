@@ -26,22 +26,32 @@ class Env(Protocol):
         ...
 
 
+CONTEXT_MODES = ("memory", "full_history")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
-    """Config group ``agent`` plus the sampling parameters of each turn."""
+    """Config group ``agent`` (keys repeat these names).
+
+    context: memory (MemPO: the context resets each turn) | full_history (ReAct-style baseline).
+    max_turns: turns before a rollout ends unanswered (the paper trains with 16).
+    keep_previous_turn: a memory prompt also keeps the previous turn's <think>/<search> text.
+    max_context_tokens: a prompt that leaves no room for max_new_tokens below this ends the rollout (format
+    failure: runaway context).
+    """
 
     context: str = "memory"
     max_turns: int = 16
     keep_previous_turn: bool = False
     max_context_tokens: int = 3072
-    include_tags: bool = True  # the memory mask covers the <mem> tags themselves
-    sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
-        if self.context not in ("memory", "full_history"):
+        if self.context not in CONTEXT_MODES:
             raise ValueError(f"agent.context must be 'memory' or 'full_history', got {self.context!r}")
         if self.max_turns < 1:
             raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_context_tokens < 1:
+            raise ValueError(f"agent.max_context_tokens must be >= 1, got {self.max_context_tokens}")
 
 
 @dataclass
@@ -201,9 +211,14 @@ def collect(
     builder: PromptBuilder,
     config: AgentConfig,
     *,
+    sampling: SamplingConfig = SamplingConfig(),
+    include_tags: bool = True,
     reward_kind: str = "all_em",
 ) -> RolloutBatch:
     """Run ``group_size`` rollouts of every task to the end; return trajectories with rewards set.
+
+    ``sampling``: each turn's generation parameters (its ``stop`` is replaced by the turn format's closing tags);
+    ``include_tags``: the memory mask covers the <mem> tags themselves (``MemoryConfig.include_tags``).
 
     Trajectory i belongs to group (task) i // group_size. One ``sampler.generate`` call per turn carries every
     live rollout; one ``env.search`` call per turn carries every search.
@@ -211,14 +226,7 @@ def collect(
     trajs = [Trajectory(i, i // group_size, tasks[i // group_size]) for i in range(len(tasks) * group_size)]
     ctxs = [TurnContext(question=t.task.question) for t in trajs]
     stops = builder.tags.stop_strings()
-    sampling = SamplingConfig(
-        n=1,
-        max_new_tokens=config.sampling.max_new_tokens,
-        temperature=config.sampling.temperature,
-        top_p=config.sampling.top_p,
-        stop=stops,
-        seed=config.sampling.seed,
-    )
+    sampling = replace(sampling, n=1, stop=stops)
     for turn in range(1, config.max_turns + 1):
         live = [t for t in trajs if t.finish == "running"]
         if not live:
@@ -239,7 +247,7 @@ def collect(
         for (traj_id, prompt_ids), gens in zip(prompts.items(), generations):
             t, gen = trajs[traj_id], gens[0]
             sample = make_turn_sample(
-                traj_id, t.group_id, turn, prompt_ids, gen, builder.tokenizer, builder.tags, config.include_tags
+                traj_id, t.group_id, turn, prompt_ids, gen, builder.tokenizer, builder.tags, include_tags
             )
             t.turns.append(sample)
             parsed, text = sample.parsed, sample.text

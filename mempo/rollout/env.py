@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
+from mempo.base import one_of, require
 from mempo.rollout.format import TAG_NAME, wrap
 from mempo.rollout.retrievers import (
     RETRIEVERS,
@@ -32,6 +34,7 @@ from mempo.rollout.retrievers import (
 
 __all__ = [
     "RETRIEVERS",
+    "EnvConfig",
     "BM25Retriever",
     "HTTPRetriever",
     "Passage",
@@ -46,6 +49,41 @@ __all__ = [
 ]
 
 NO_RESULTS_TEXT = "No results found."
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Config group ``env``: the search environment over a retriever (a name in ``RETRIEVERS``).
+
+    corpus: JSONL {"id", "contents"} for bm25; null = the synthetic world's corpus.
+    url: the http retriever's endpoint, e.g. http://127.0.0.1:8000/retrieve (required for http).
+    timeout_s / max_retries / backoff_s: a failed http call is retried, then reported.
+    """
+
+    retriever: str = "bm25"
+    corpus: str | None = None
+    url: str | None = None
+    topk: int = 2
+    max_passage_tokens: int = 64
+    timeout_s: float = 10.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(
+            "env",
+            self,
+            [
+                ("retriever", self.retriever in RETRIEVERS, one_of(RETRIEVERS)),
+                ("url", self.retriever != "http" or bool(self.url), "is required when env.retriever=http"),
+                ("topk", self.topk >= 1, "must be >= 1"),
+                ("max_passage_tokens", self.max_passage_tokens >= 1, "must be >= 1"),
+                ("timeout_s", self.timeout_s > 0, "must be > 0"),
+                ("max_retries", self.max_retries >= 0, "must be >= 0"),
+                ("backoff_s", self.backoff_s >= 0, "must be >= 0"),
+            ],
+        )
+
 
 _WORD = re.compile(r"\S+")
 _NEWLINES = re.compile(r"\s*\n\s*")

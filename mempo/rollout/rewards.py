@@ -16,7 +16,9 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from mempo.base import one_of, require
 from mempo.data.tasks import ANSWER_SEPARATOR
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -101,6 +103,16 @@ REWARD_KINDS: dict[str, Callable[[list[tuple[float, float]]], float]] = {
     "mean_em": _mean_em,
     "mean_f1": _mean_f1,
 }
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Config group ``reward``: kind, a key of ``REWARD_KINDS`` (each gated by the format)."""
+
+    kind: str = "all_em"
+
+    def __post_init__(self) -> None:
+        require("reward", self, [("kind", self.kind in REWARD_KINDS, one_of(REWARD_KINDS))])
 
 
 def trajectory_reward(

@@ -15,15 +15,75 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from mempo.base import one_of, require
+
+SAMPLER_BACKENDS = ("vllm", "hf")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Config group ``sampler``: the engine (``builders.build_sampler``) and the defaults of each call's sampling.
+
+    backend: vllm (an engine over the policy's folder) | hf (generate with the policy itself).
+    dtype: the engine's dtype; float32 makes its log-probs exact old log-probs (environment.md).
+    enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s.
+    sync_every: push weights into the engine every k optimizer steps.
+    canary_every / canary_tol / canary_tokens: after every k-th push (0 = off) the engine greedily generates
+    ``canary_tokens`` tokens of a probe that the trainer scores; a mean absolute log-prob difference above
+    ``canary_tol`` (nats per token) stops the run.
+    """
+
+    backend: str = "vllm"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 4096
+    enable_sleep_mode: bool = False
+    kv_cache_space_gb: int | None = 2
+    sync_every: int = 1
+    canary_every: int = 1
+    canary_tol: float = 1e-3
+    canary_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("backend", self.backend in SAMPLER_BACKENDS, one_of(SAMPLER_BACKENDS)),
+            ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            ("tensor_parallel_size", self.tensor_parallel_size >= 1, "must be >= 1"),
+            ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]"),
+            ("max_model_len", self.max_model_len >= 1, "must be >= 1"),
+            ("sync_every", self.sync_every >= 1, "must be >= 1"),
+            ("canary_every", self.canary_every >= 0, "must be >= 0 (0 = off)"),
+            ("canary_tol", self.canary_tol > 0, "must be > 0"),
+            ("canary_tokens", self.canary_tokens >= 1, "must be >= 1"),
+        ]
+        require("sampler", self, checks)
+
+    def sampling(self, *, seed: int | None, greedy: bool = False) -> SamplingConfig:
+        """One call's parameters: this group's temperature and top_p, or greedy decoding."""
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=0.0 if greedy else self.temperature,
+            top_p=1.0 if greedy else self.top_p,
+            seed=seed,
+        )
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Per-call generation parameters (config keys under ``sampler.`` repeat these names)."""
+    """Per-call generation parameters (``SamplerConfig.sampling`` builds them from the ``sampler`` group; the
+    defaults are that group's)."""
 
     n: int = 1
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = SamplerConfig.max_new_tokens
+    temperature: float = SamplerConfig.temperature
+    top_p: float = SamplerConfig.top_p
     stop: tuple[str, ...] = ()
     seed: int | None = None
 

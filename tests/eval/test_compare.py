@@ -13,7 +13,7 @@ import pytest
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler
 from torch.testing import assert_close
 
-from mempo.eval.compare import EvalSpec, evaluate_grid
+from mempo.eval.compare import EvalConfig, evaluate_grid
 from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS, write_report
 from mempo.models.scoring import answer_probabilities
 from mempo.rollout.agent import AgentConfig
@@ -34,10 +34,11 @@ def scripted(tiny_path):
     builder = PromptBuilder(tok, Tags())
     sampler = ScriptedSampler(tok)
     env = SearchEnv(BM25Retriever(CORPUS), tok, topk=1, max_passage_tokens=32)
-    agent = AgentConfig(max_turns=4, sampling=SamplingConfig(max_new_tokens=64, temperature=1.0))
-    spec = EvalSpec(objectives=(1, 2), agents=("memory", "full_history"))
+    agent, sampling = AgentConfig(max_turns=4), SamplingConfig(max_new_tokens=64, temperature=1.0)
+    evaluation = EvalConfig(objectives=[1, 2], agents=["memory", "full_history"], turn_slack=None)
     grid = evaluate_grid(
-        sampler, env, builder, {1: [TASK_B], 2: [TASK]}, agent, spec, checkpoint="scripted", policy=policy,
+        sampler, env, builder, {1: [TASK_B], 2: [TASK]}, agent, sampling, evaluation, checkpoint="scripted",
+        policy=policy,
         pad_id=tok.pad_token_id,
     )  # fmt: skip
     return grid, sampler, policy, builder

@@ -12,7 +12,7 @@ import pytest
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler
 
 from mempo.data.tasks import Question, Task
-from mempo.eval.compare import EvalSpec, evaluate_grid
+from mempo.eval.compare import EvalConfig, evaluate_grid
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.report import write_report
 from mempo.rollout.agent import AgentConfig
@@ -38,8 +38,10 @@ def script(text: str) -> str:
 def parts(smollm2_tokenizer):
     builder = PromptBuilder(smollm2_tokenizer, Tags())
     env = SearchEnv(BM25Retriever(CORPUS), smollm2_tokenizer, topk=1, max_passage_tokens=32)
-    agent = AgentConfig(max_turns=3, sampling=SamplingConfig(max_new_tokens=64))
-    return builder, env, agent
+    return builder, env, AgentConfig(max_turns=3)
+
+
+SAMPLING = SamplingConfig(max_new_tokens=64)
 
 
 F1_PARTIAL = 2 * 0.5 * 1.0 / 1.5
@@ -54,7 +56,9 @@ EXPECTED = {
 def test_summary_of_mixed_outcomes(parts):
     builder, env, agent = parts
     sampler = ScriptedSampler(builder.tokenizer, script)
-    metrics, batch = evaluate_agent(sampler, env, [TASK, TASK_B, TASK_C], builder, agent, reward_kind="mean_f1")
+    metrics, batch = evaluate_agent(
+        sampler, env, [TASK, TASK_B, TASK_C], builder, agent, sampling=SAMPLING, reward_kind="mean_f1"
+    )
     assert [t.finish for t in batch.trajectories] == [EXPECTED[k][5] for k in ("t0", "t1", "t2")]
     for i, key in enumerate(("em", "f1", "reward", "format_fail", "turns")):
         assert metrics[f"val/{key}"] == pytest.approx(sum(v[i] for v in EXPECTED.values()) / 3), key
@@ -64,8 +68,11 @@ def test_summary_of_mixed_outcomes(parts):
 def test_records_and_table_of_mixed_outcomes(parts, tmp_path):
     builder, env, agent = parts
     sampler = ScriptedSampler(builder.tokenizer, script)
-    spec = EvalSpec(objectives=(1, 2), agents=("memory",), reward_kind="mean_f1")
-    grid = evaluate_grid(sampler, env, builder, {1: [TASK_B, TASK_C], 2: [TASK]}, agent, spec, checkpoint="s")
+    evaluation = EvalConfig(objectives=[1, 2], agents=["memory"], turn_slack=None)
+    grid = evaluate_grid(
+        sampler, env, builder, {1: [TASK_B, TASK_C], 2: [TASK]}, agent, SAMPLING, evaluation, checkpoint="s",
+        reward_kind="mean_f1",
+    )  # fmt: skip
     write_report(tmp_path, grid, num_tasks=2)
     records = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in records] == ["t1", "t2", "t0"]

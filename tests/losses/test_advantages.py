@@ -5,8 +5,9 @@ import torch
 from torch.testing import assert_close
 
 from mempo.losses import (
+    AdvantageConfig,
     AdvantageInputs,
-    AdvantageParams,
+    MemoryConfig,
     answer_probability,
     compute_advantages,
     group_normalize,
@@ -153,8 +154,7 @@ def _turn_batch(seed, n_traj=6, group_size=3, t_len=12):
 @pytest.mark.parametrize("seed", range(4))
 def test_mempo_estimator_matches_naive_loop(seed):
     x = _turn_batch(seed)
-    params = AdvantageParams(alpha=0.7, normalize="pooled")
-    adv = compute_advantages("mempo", x, params)
+    adv = compute_advantages(x, MemoryConfig(alpha=0.7, normalize="pooled"), AdvantageConfig("mempo"))
     traj_adv = naive_group_normalize(x.rewards, x.group_ids)
     valid = [i for i in range(len(x.traj_ids)) if x.mem_valid[i]]
     mem_groups = x.group_ids[x.traj_ids][valid]
@@ -173,10 +173,10 @@ def test_mempo_estimator_matches_naive_loop(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_alpha_zero_is_exactly_grpo(seed):
     x = _turn_batch(seed)
-    grpo = compute_advantages("grpo", x, AdvantageParams())
-    nomem = compute_advantages("mempo", x, AdvantageParams(alpha=0.0))
+    grpo = compute_advantages(x, MemoryConfig(), AdvantageConfig("grpo"))
+    nomem = compute_advantages(x, MemoryConfig(alpha=0.0), AdvantageConfig("mempo"))
     assert torch.equal(grpo, nomem)
-    with_mem = compute_advantages("mempo", x, AdvantageParams(alpha=1.0))
+    with_mem = compute_advantages(x, MemoryConfig(alpha=1.0), AdvantageConfig("mempo"))
     assert not torch.equal(grpo, with_mem)  # the memory term does change memory tokens
     assert torch.equal(grpo[~x.mem_mask], with_mem[~x.mem_mask])
 
@@ -189,17 +189,28 @@ def test_token_advantages_hand_computed():
 
 
 def test_registry_rejects_unknown_and_duplicates():
-    x = _turn_batch(0)
-    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
-        compute_advantages("nope", x, AdvantageParams())
+    with pytest.raises(ValueError, match="advantage.estimator must be one of .* got 'nope'"):
+        AdvantageConfig("nope")
     with pytest.raises(ValueError, match="already registered"):
-        register_advantage("grpo")(lambda x, p: x.response_mask.float())
+        register_advantage("grpo", needs_memory_scores=False)(lambda x, m, a: x.response_mask.float())
+
+
+def test_estimators_declare_whether_they_read_memory_scores():
+    """The module skips the memory-scoring forward exactly when the estimator says it does not read R^M."""
+    assert AdvantageConfig("mempo").needs_memory_scores
+    assert not AdvantageConfig("grpo").needs_memory_scores
+    x = _turn_batch(2)
+    moved = AdvantageInputs(**{**x.__dict__, "mem_rewards": x.mem_rewards + 5.0 * torch.randn_like(x.mem_rewards)})
+    for name in ("grpo", "mempo"):
+        a, b = (compute_advantages(inp, MemoryConfig(), AdvantageConfig(name)) for inp in (x, moved))
+        assert torch.equal(a, b) != AdvantageConfig(name).needs_memory_scores, name
 
 
 def test_registry_accepts_a_new_estimator():
-    @register_advantage("test_constant_one")
-    def const(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+    @register_advantage("test_constant_one", needs_memory_scores=False)
+    def const(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
         return x.response_mask.float()
 
     x = _turn_batch(1)
-    assert_close(compute_advantages("test_constant_one", x, AdvantageParams()), x.response_mask.float())
+    out = compute_advantages(x, MemoryConfig(), AdvantageConfig("test_constant_one"))
+    assert_close(out, x.response_mask.float())

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from mempo.builders import build_module, build_tasks
 from mempo.entry import fit_rl
-from mempo.losses import AdvantageInputs, AdvantageParams, register_advantage
+from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 
 SMOKE = [
     "model=tiny",
@@ -121,8 +121,8 @@ def test_memory_rewards_follow_the_baseline_switch(make_cfg, baseline):
         assert_close(p_mem - mem_r, (p_mem - mem_r)[:1].expand(len(p_mem)))  # one eps per task
 
 
-@register_advantage("test_nan")
-def _nan_advantage(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+@register_advantage("test_nan", needs_memory_scores=False)
+def _nan_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: a NaN advantage on every token (a numerics fault injected into the loss)."""
     return torch.full(x.response_mask.shape, float("nan"))
 
@@ -182,7 +182,8 @@ def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip
         def on_train_batch_end(self, trainer, module, *args) -> None:
             if module.batches_done == 1:
                 ZeroAfterFirst.after_one = _params(module.policy)
-                module.memory_cfg = replace(module.memory_cfg, estimator="grpo", alpha=0.0)
+                module.advantage_cfg = replace(module.advantage_cfg, estimator="grpo")
+                module.memory_cfg = replace(module.memory_cfg, alpha=0.0)
 
     cfg = make_cfg(
         *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "agent.max_turns=1", "trainer.max_steps=2",

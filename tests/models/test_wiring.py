@@ -25,7 +25,7 @@ from torch.testing import assert_close
 
 from mempo.builders import build_module
 from mempo.entry import fit_rl
-from mempo.losses import AGG_MODES, AdvantageInputs, AdvantageParams, register_advantage
+from mempo.losses import AGG_MODES, AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.rollout.agent import RolloutBatch
 from mempo.rollout.hf_sampler import HFSampler
 
@@ -182,8 +182,8 @@ def test_micro_batches_of_one_give_the_full_batch_gradients(make_cfg, tmp_path, 
 
 
 # ---------------------------------------------------------------------------------------- update direction, KL
-@register_advantage("test_zero")
-def _zero_advantage(x: AdvantageInputs, p: AdvantageParams) -> torch.Tensor:
+@register_advantage("test_zero", needs_memory_scores=False)
+def _zero_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: no policy-gradient signal at all (only the KL term moves the policy)."""
     return torch.zeros(x.response_mask.shape)
 

@@ -176,8 +176,8 @@ def test_real_smollm2_through_vllm_on_the_synthetic_world(smollm2_path):
     builder = PromptBuilder(tok, Tags())
     sampler = VLLMSampler(smollm2_path, dtype="float32", kv_cache_space_gb=1, max_model_len=4096)
     try:
-        cfg = AgentConfig(max_turns=3, sampling=SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0))
-        batch = collect(sampler, env, tasks, 4, builder, cfg)
+        sampling = SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0)
+        batch = collect(sampler, env, tasks, 4, builder, AgentConfig(max_turns=3), sampling=sampling)
     finally:
         sampler.shutdown()
     assert len(batch.trajectories) == 8 and [t.group_id for t in batch.trajectories] == [0] * 4 + [1] * 4

@@ -60,21 +60,23 @@ def test_a_stop_string_inside_the_last_token_is_clipped_and_answers(parts):
 def test_a_turn_cut_at_max_new_tokens_is_a_format_failure_even_if_it_parses(parts):
     builder, env = parts
     ids = builder.tokenizer(ANSWER_TURN, add_special_tokens=False)["input_ids"]
-    agent = AgentConfig(max_turns=2, sampling=SamplingConfig(max_new_tokens=len(ids)))
-    batch = collect(FixedTokens(ids, "length"), env, [TASK_B], 1, builder, agent)
+    agent, sampling = AgentConfig(max_turns=2), SamplingConfig(max_new_tokens=len(ids))
+    batch = collect(FixedTokens(ids, "length"), env, [TASK_B], 1, builder, agent, sampling=sampling)
     traj = batch.trajectories[0]
     assert traj.finish == "format_error" and traj.answer is None and traj.reward == 0.0
     assert traj.error == (f"turn 1: no action closing tag within {len(ids)} new tokens (generation hit max_new_tokens)")
     assert not traj.turns[0].parsed.ok and len(traj.turns) == 1
-    same = collect(FixedTokens(ids, "stop"), env, [TASK_B], 1, builder, agent).trajectories[0]
+    same = collect(FixedTokens(ids, "stop"), env, [TASK_B], 1, builder, agent, sampling=sampling).trajectories[0]
     assert same.finish == "answer"  # the same tokens ended by a stop string answer
 
 
 def test_the_g_rollouts_of_one_task_differ(parts, tiny_policy):
     builder, env = parts
     policy, tokenizer = tiny_policy
-    agent = AgentConfig(max_turns=1, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3))
-    batch = collect(HFSampler(policy, tokenizer), env, [TASK_B], 4, builder, agent)
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3)
+    batch = collect(
+        HFSampler(policy, tokenizer), env, [TASK_B], 4, builder, AgentConfig(max_turns=1), sampling=sampling
+    )
     firsts = [tuple(t.turns[0].response_ids) for t in batch.trajectories]
     assert len(set(firsts)) == 4
     assert len({tuple(t.turns[0].prompt_ids) for t in batch.trajectories}) == 1  # same prompt, different samples
