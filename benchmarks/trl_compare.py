@@ -1,8 +1,8 @@
 """One single-turn GRPO step through mempo and through TRL's GRPOTrainer: same model, prompts, G, max new tokens.
 
-    python benchmarks/trl_compare.py --json benchmarks/results/trl_compare.json  # K=4 prompts x G=4, 64 new tokens
-    python benchmarks/trl_compare.py --quick                                     # K=2 prompts x G=4, 32 new tokens
-    python benchmarks/trl_compare.py --timed 2 --trl-configs hf,hf_gc,vllm       # median of 2, every TRL config
+    python -m benchmarks.trl_compare --json benchmarks/results/trl_compare.json  # K=4 prompts x G=4, 64 new tokens
+    python -m benchmarks.trl_compare --quick                                     # K=2 prompts x G=4, 32 new tokens
+    python -m benchmarks.trl_compare --timed 2 --trl-configs hf,hf_gc,vllm       # median of 2, every TRL config
 
 Needs the ``bench`` extra (trl==1.16.0). Model: SmolLM2-135M-Instruct (mempo's default), on the CPU.
 
@@ -46,8 +46,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log, run_child, write_json  # noqa: E402
+from benchmarks.common import log, run_child, write_json
 
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
 
@@ -218,7 +217,7 @@ def side(s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
     """Run one side in its own process; -> its result, or {"error": its last line naming an exception}."""
     log(f"trl_compare: running {which}")
     t0 = time.perf_counter()
-    res = run_child(__file__, ["--side", which, "--settings", s["file"], "--work", work])
+    res = run_child("benchmarks.trl_compare", ["--side", which, "--settings", s["file"], "--work", work])
     log(f"trl_compare: {which}: {time.perf_counter() - t0:.0f} s wall (process)")
     if "error" in res:
         print("\n".join(res["output_tail"]), file=sys.stderr)
@@ -227,7 +226,7 @@ def side(s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.trl_compare", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="K=2 prompts, 32 new tokens")
     p.add_argument("--json", type=Path, help="write the result section here")
     p.add_argument("--timed", type=int, default=1, help="timed steps after the warm-up (median)")
