@@ -80,9 +80,10 @@ def run_child(
 ) -> dict[str, Any]:
     """Run ``python -m module *args --json TMP`` in the repository root (``module`` such as ``"benchmarks.step_time"``;
     ``-m`` puts the root on the child's import path) and return the JSON it wrote, or ``{"error": ...}`` naming the
-    module and its exit status, with ``cause`` (its last line naming an exception) and the end of its output (a
-    failed benchmark is reported, not fatal). The child's ``[bench]`` lines are passed through (all of its output
-    with ``verbose``); ``env`` adds to its environment."""
+    module and its exit status, with ``cause`` (its last line naming an exception, or the last line of a child that
+    exited with an error status and no traceback) and the end of its output (a failed benchmark is reported, not
+    fatal). The child's ``[bench]`` lines are passed through (all of its output with ``verbose``); ``env`` adds to
+    its environment."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", module, *args, "--json", str(out)]
@@ -104,6 +105,8 @@ def run_child(
         if code != 0 or not out.exists():
             what = "killed after the timeout" if code == -9 else f"exit {code}"
             cause = next((ln for ln in reversed(tail) if "Error" in ln), None)
+            if cause is None and code > 0:  # exited without a traceback: its last line (a SystemExit message)
+                cause = next((ln for ln in reversed(tail) if ln.strip()), None)
             return {
                 "error": f"{module} {' '.join(args)}: {what}",
                 "cause": cause.removeprefix("[rank0]:").strip() if cause else None,

@@ -115,7 +115,7 @@ def main() -> None:
         section.setdefault("quick", args.quick)
         results[name] = section
         if "error" in section:
-            log(f"   {name} failed: {section['error']}")
+            log(f"   {name} failed: {section['error']}" + (f" ({section['cause']})" if section.get("cause") else ""))
     results["meta"] = {
         "commit": _commit(),
         "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -4,7 +4,9 @@
     python -m benchmarks.trl_compare --quick                                     # K=2 prompts x G=4, 32 new tokens
     python -m benchmarks.trl_compare --timed 2 --trl-configs hf,hf_gc,vllm       # median of 2, every TRL config
 
-Needs the ``bench`` extra (trl==1.16.0). Model: SmolLM2-135M-Instruct (mempo's default), on the CPU.
+Needs the ``bench`` extra (trl==1.16.0, which brings datasets): ``MEMPO_BENCH=1 bash scripts/setup.sh``. Without
+it the script stops at start-up, before the mempo side runs, with an error naming that command. Model:
+SmolLM2-135M-Instruct (mempo's default), on the CPU.
 
 The task: K single-objective questions of mempo's synthetic world per step (the batches mempo's data stream
 yields; the script asserts both sides trained on the same tasks), each prompt exactly the first-turn prompt of
@@ -33,12 +35,14 @@ so generated tokens are reported for both sides.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from benchmarks.common import log, run_child, write_json
 
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
+# What the TRL side imports beyond mempo's own dependencies, and the command that installs it (scripts/setup.sh adds
+# the ``bench`` extra of pyproject.toml when MEMPO_BENCH=1).
+BENCH_EXTRA = ("trl", "datasets")
+INSTALL_BENCH = "MEMPO_BENCH=1 bash scripts/setup.sh"
+
+
+def bench_extra_message(why: str) -> str:
+    """The error for a missing optional dependency: what is needed and the command that installs it."""
+    return f"benchmarks.trl_compare needs the bench extra ({', '.join(BENCH_EXTRA)}): run {INSTALL_BENCH} ({why})"
+
+
+def require_bench_extra(modules: Sequence[str] = BENCH_EXTRA) -> None:
+    """Raise ModuleNotFoundError naming the install command when one of ``modules`` cannot be found (located, not
+    imported: the parent process checks this at start-up, before the minutes the mempo side takes)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(bench_extra_message(f"not installed: {', '.join(missing)}"), name=missing[0])
 
 
 def compose(s: dict[str, Any], run_dir: str) -> Any:
@@ -129,9 +150,12 @@ def first_stop(text: str, stops: tuple[str, ...]) -> str:
 
 
 def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
-    from datasets import Dataset
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:  # missing, or installed without what it needs
+        raise ImportError(bench_extra_message(str(e)), name=e.name) from e
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from mempo.rollout.format import Tags, parse_turn
     from mempo.rollout.rewards import trajectory_reward
@@ -241,6 +265,11 @@ def main() -> None:
         res = run_mempo(s, args.work) if args.side == "mempo" else run_trl(s, args.work, args.side.split(":")[1])
         write_json(args.json, res)
         return
+
+    try:  # before the mempo side's minutes, not after them
+        require_bench_extra()
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
 
     K, n = (2, 32) if args.quick else (4, 64)
     s = {"K": K, "G": 4, "max_new_tokens": n, "steps": 1 + args.timed}
