@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, ROOT, log, machine, run_child, write_json
+from benchmarks.common import MIN_TIMED_STEPS, RESULTS, ROOT, log, machine, run_child, write_json
 
 SECTIONS = {
     "sampler": "benchmarks.sampler_throughput",
@@ -35,7 +35,8 @@ SECTIONS = {
     "logprob": "benchmarks.logprob_memory",
     "trl": "benchmarks.trl_compare",
 }
-# (section, key, target, direction): the targets on this machine.
+# (section, key, target, direction): the targets on this machine. trl.ratio is the ratio of the medians of
+# at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict).
 TARGETS = [
     ("sampler", "vllm_vs_raw", 0.9, ">="),
     ("trl", "ratio", 0.5, "<="),
@@ -51,6 +52,8 @@ def _commit() -> str:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return f"{_fmt(value[0])}-{_fmt(value[1])}"  # a (min, max) range
     return str(value)
 
 
@@ -73,7 +76,15 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("naive_peak_mb", "chunked_peak_mb", "ratio"):
         rows.append((f"logprob.{key}", _fmt(lp.get(key, lp.get("error")))))
     t = results.get("trl", {})
-    for key in ("mempo_step_s", "trl_step_s", "ratio"):
+    for key in (
+        "mempo_step_s",
+        "mempo_step_range_s",
+        "trl_step_s",
+        "trl_step_range_s",
+        "ratio",
+        "ratio_range",
+        "timed_steps",
+    ):
         rows.append((f"trl.{key}", _fmt(t.get(key, t.get("error")))))
     return rows
 
@@ -87,9 +98,14 @@ def target_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         met = value >= target if op == ">=" else value <= target
         verdict = "met" if met else "MISSED"
+        steps = results[section].get("timed_steps")
         if results[section].get("quick"):  # the targets are set for the full sizes
             verdict = "quick run: smaller shapes, the target applies to the full run"
-        rows.append((f"{section}.{key} {op} {target}", f"{value:.3g}: {verdict}"))
+        elif isinstance(steps, int) and steps < MIN_TIMED_STEPS:  # one step's ratio is too noisy to judge
+            verdict = f"{steps} timed step(s): the target is judged on the median of >= {MIN_TIMED_STEPS}"
+        span = results[section].get(f"{key}_range")
+        shown = f"{value:.3g}" + (f" (range {_fmt(span)})" if span else "")
+        rows.append((f"{section}.{key} {op} {target}", f"{shown}: {verdict}"))
     return rows
 
 

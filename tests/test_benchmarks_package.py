@@ -93,3 +93,60 @@ def test_a_trl_side_without_the_bench_extra_names_the_install_command(tmp_path):
     last = out.stderr.strip().splitlines()[-1]  # the line benchmarks.common.run_child reports as the cause
     assert last.startswith("ImportError: benchmarks.trl_compare needs the bench extra"), out.stderr
     assert INSTALL in last
+
+
+def call(function: str, *args: object) -> object:
+    """``function(*args)`` (``module:name``) in a fresh interpreter in the repository root, through JSON."""
+    module, name = function.split(":")
+    code = f"import json, sys; from {module} import {name} as f; print(json.dumps(f(*json.loads(sys.argv[1]))))"
+    out = python("-c", code, json.dumps(args))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def side(seconds: list[float], tokens: int, split: bool = False) -> dict[str, object]:
+    """A side's result as its child process writes it: one warm-up step, then the timed ones."""
+    steps = [{"s": s, "tokens": tokens, "tasks": [f"task{i}"]} for i, s in enumerate(seconds)]
+    for st in steps if split else []:
+        st["split"] = {"generate": st["s"] / 4}
+    return {"steps": steps}
+
+
+def test_the_trl_comparison_reports_medians_and_ranges_of_the_timed_steps():
+    mempo = side([50, 10, 14, 11], 40, split=True)  # the 50 s warm-up is not timed
+    trl = {
+        "hf": side([60, 24, 30, 22], 48),
+        "hf_gc": side([70, 21, 26, 27], 48),  # the fastest single step, but not the lowest median
+        "vllm": {"error": "AttributeError: 'Parameter' object has no attribute 'weight_loader'"},
+    }
+    r = call("benchmarks.trl_compare:compare", mempo, trl, {"K": 2, "G": 4, "max_new_tokens": 32, "steps": 4})
+    assert (r["mempo_step_s"], r["mempo_step_range_s"], r["mempo_steps_s"]) == (11, [10, 14], [10, 14, 11])
+    assert (r["trl_config"], r["trl_step_s"], r["trl_step_range_s"], r["trl_steps_s"]) == (
+        "hf",
+        24,
+        [22, 30],
+        [24, 30, 22],
+    )
+    assert r["ratio"] == round(11 / 24, 3)
+    assert r["ratio_range"] == [round(10 / 30, 3), round(14 / 22, 3)]
+    assert r["trl_runs"] == {"hf": 24, "hf_gc": 26, "vllm": trl["vllm"]["error"]}
+    assert r["trl_vllm_error"] == trl["vllm"]["error"]
+    assert r["trl_steps_s_by_config"] == {"hf": [24, 30, 22], "hf_gc": [21, 26, 27]}
+    assert (r["timed_steps"], r["warmup_steps"], r["mempo_gen_tokens"], r["trl_gen_tokens"]) == (3, 1, 120, 144)
+    assert r["mean_completion_tokens"] == {"mempo": 5.0, "hf": 6.0, "hf_gc": 6.0}
+    assert r["mempo_split"] == {"generate": round((10 + 14 + 11) / 4 / 3, 3)}
+
+
+@pytest.mark.parametrize(("steps", "verdict"), [(3, "met"), (1, "1 timed step(s): the target is judged on the median")])
+def test_the_suite_judges_the_trl_target_on_a_median_of_at_least_3_steps(steps, verdict):
+    trl = {"ratio": 0.458, "ratio_range": [0.333, 0.636], "timed_steps": steps, "quick": False}
+    rows = dict(call("benchmarks.run:target_rows", {"trl": trl}))
+    assert rows["trl.ratio <= 0.5"].startswith(f"0.458 (range 0.333-0.636): {verdict}")
+
+
+def test_the_trl_comparison_times_3_steps_by_default_and_warns_below():
+    assert "(default 3)" in " ".join(python("-m", "benchmarks.trl_compare", "--help").stdout.split())
+    out = python("-m", "benchmarks.trl_compare", "--steps", "0")
+    assert out.returncode == 2 and "--steps must be at least 1" in out.stderr
+    out = run_without(["trl"], ["--quick", "--steps", "2"])  # stops at the missing extra, after the warning
+    assert out.returncode == 1 and "warning: --steps 2: fewer than 3 timed steps" in out.stdout, out.stdout
