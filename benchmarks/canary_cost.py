@@ -1,8 +1,8 @@
 """Cost of the weight canary (``SamplerCallback.check_weights``) per check, i.e. per RL step with the default
 ``sampler.canary_every=1``: the engine's greedy continuation of the probe plus one trainer forward over it.
 
-    python benchmarks/canary_cost.py                                  # tiny model, HF sampler (seconds)
-    python benchmarks/canary_cost.py --model smollm2-135m-instruct --sampler vllm   # the demo's engine
+    python -m benchmarks.canary_cost                                  # tiny model, HF sampler (seconds)
+    python -m benchmarks.canary_cost --model smollm2-135m-instruct --sampler vllm   # the demo's engine
 
 Prints the median and max seconds over ``--repeats`` checks after one warm-up check. Compare with a step's
 ``perf/step_s`` in metrics.csv (about 60 s for the demo's RL step on this machine, README).
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.canary_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--sampler", default="hf", choices=("hf", "vllm"))
     parser.add_argument("--repeats", type=int, default=10)

@@ -1,7 +1,7 @@
 """Peak memory of per-token log-probs: a naive full-vocabulary log-softmax versus ``mempo.models.logprobs``.
 
-    python benchmarks/logprob_memory.py            # SmolLM2-135M (49,152-token vocabulary), [8, 1024] tokens
-    python benchmarks/logprob_memory.py --quick    # [8, 256]
+    python -m benchmarks.logprob_memory            # SmolLM2-135M (49,152-token vocabulary), [8, 1024] tokens
+    python -m benchmarks.logprob_memory --quick    # [8, 256]
 
 naive:   ``logits.float().log_softmax(-1).gather(...)`` over the whole [N, T, V] logits: the logits, their float32
          copy and the log-softmax are alive at once (and kept for backward).
@@ -25,12 +25,10 @@ log-probs (max |difference| over the scored tokens).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log, machine, peak_rss_mb, reset_peak_rss, rss_mb, run_child, write_json  # noqa: E402
+from benchmarks.common import log, machine, peak_rss_mb, reset_peak_rss, rss_mb, run_child, write_json
 
 VARIANTS = ("naive", "chunked")
 MODES = ("train", "no_grad", "model_train")
@@ -116,7 +114,7 @@ def run(quick: bool, model_name: str) -> dict[str, Any]:
         for variant in VARIANTS:
             log(f"logprob: {variant} {mode} [{r}, {t}]")
             args = ["--child", variant, mode, "--rows", str(r), "--length", str(t), "--model", model_name]
-            by_mode[mode][variant] = run_child(__file__, args, env=EXACT_RSS)
+            by_mode[mode][variant] = run_child("benchmarks.logprob_memory", args, env=EXACT_RSS)
         parts = by_mode[mode]
         if all("error" not in parts[v] for v in VARIANTS):
             a, b = (torch.load(_logp_file(v, mode)) for v in VARIANTS)
@@ -153,7 +151,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.logprob_memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--model", default="smollm2-135m-instruct")

@@ -1,16 +1,18 @@
 """Run the benchmark suite, print a table, write benchmarks/results/latest.json.
 
-    python benchmarks/run.py                    # everything, full size (815 s on 2 CPU cores, see docs/performance.md)
-    python benchmarks/run.py --quick            # 7 min: smaller shapes, no warm-up steps (targets need the full run)
-    python benchmarks/run.py --only step trl    # some sections; the others are kept from the previous latest.json
+    python -m benchmarks.run                    # everything, full size (815 s on 2 CPU cores, see docs/performance.md)
+    python -m benchmarks.run --quick            # 7 min: smaller shapes, no warm-up steps (targets need the full run)
+    python -m benchmarks.run --only step trl    # some sections; the others are kept from the previous latest.json
 
-Sections (one script each, run one after another in child processes; never run two heavy jobs at once on these
-machines, the figures collapse under contention):
-  sampler  benchmarks/sampler_throughput.py  raw vLLM vs VLLMSampler vs HFSampler, same prompts (tok/s)
-  step     benchmarks/step_time.py           one MemPO step by part at two batch sizes, peak RSS
-  logprob  benchmarks/logprob_memory.py      peak memory of per-token log-probs, naive vs chunked
-  trl      benchmarks/trl_compare.py         one single-turn GRPO step: TRL's GRPOTrainer vs mempo (needs the
-                                             ``bench`` extra: ``MEMPO_BENCH=1 bash scripts/setup.sh``)
+Run from the repository root. Sections (one module each, run one after another in child processes as
+``python -m benchmarks.<module>``; never run two heavy jobs at once on these machines, the figures collapse under
+contention):
+  sampler  benchmarks.sampler_throughput  raw vLLM vs VLLMSampler vs HFSampler, same prompts (tok/s)
+  step     benchmarks.step_time           one MemPO step by part at two batch sizes, peak RSS
+  logprob  benchmarks.logprob_memory      peak memory of per-token log-probs, naive vs chunked
+  trl      benchmarks.trl_compare         a single-turn GRPO step: TRL's GRPOTrainer vs mempo, median of 3 timed
+                                          steps per side (needs the ``bench`` extra:
+                                          ``MEMPO_BENCH=1 bash scripts/setup.sh``)
 Each section records its own ``measured_at`` and ``quick``; a failed section is recorded as ``{"error": ...}``.
 """
 
@@ -25,17 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, log, machine, run_child, write_json  # noqa: E402
+from benchmarks.common import MIN_TIMED_STEPS, RESULTS, ROOT, log, machine, run_child, write_json
 
-BENCH = Path(__file__).resolve().parent
 SECTIONS = {
-    "sampler": "sampler_throughput.py",
-    "step": "step_time.py",
-    "logprob": "logprob_memory.py",
-    "trl": "trl_compare.py",
+    "sampler": "benchmarks.sampler_throughput",
+    "step": "benchmarks.step_time",
+    "logprob": "benchmarks.logprob_memory",
+    "trl": "benchmarks.trl_compare",
 }
-# (section, key, target, direction): the issue's targets on this machine.
+# (section, key, target, direction): the issue's targets on this machine. trl.ratio is the ratio of the medians of
+# at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict).
 TARGETS = [
     ("sampler", "vllm_vs_raw", 0.9, ">="),
     ("trl", "ratio", 0.5, "<="),
@@ -51,6 +52,8 @@ def _commit() -> str:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return f"{_fmt(value[0])}-{_fmt(value[1])}"  # a (min, max) range
     return str(value)
 
 
@@ -73,7 +76,15 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("naive_peak_mb", "chunked_peak_mb", "ratio"):
         rows.append((f"logprob.{key}", _fmt(lp.get(key, lp.get("error")))))
     t = results.get("trl", {})
-    for key in ("mempo_step_s", "trl_step_s", "ratio"):
+    for key in (
+        "mempo_step_s",
+        "mempo_step_range_s",
+        "trl_step_s",
+        "trl_step_range_s",
+        "ratio",
+        "ratio_range",
+        "timed_steps",
+    ):
         rows.append((f"trl.{key}", _fmt(t.get(key, t.get("error")))))
     return rows
 
@@ -87,14 +98,21 @@ def target_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         met = value >= target if op == ">=" else value <= target
         verdict = "met" if met else "MISSED"
+        steps = results[section].get("timed_steps")
         if results[section].get("quick"):  # the targets are set for the full sizes
             verdict = "quick run: smaller shapes, the target applies to the full run"
-        rows.append((f"{section}.{key} {op} {target}", f"{value:.3g}: {verdict}"))
+        elif isinstance(steps, int) and steps < MIN_TIMED_STEPS:  # one step's ratio is too noisy to judge
+            verdict = f"{steps} timed step(s): the target is judged on the median of >= {MIN_TIMED_STEPS}"
+        span = results[section].get(f"{key}_range")
+        shown = f"{value:.3g}" + (f" (range {_fmt(span)})" if span else "")
+        rows.append((f"{section}.{key} {op} {target}", f"{shown}: {verdict}"))
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="the few-minute version")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="run only these sections")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -107,19 +125,19 @@ def main() -> None:
     for name in args.only or list(SECTIONS):
         log(f"== {name} ({SECTIONS[name]}{' --quick' if args.quick else ''})")
         t = time.perf_counter()
-        section = run_child(BENCH / SECTIONS[name], ["--quick"] if args.quick else [], verbose=args.verbose)
+        section = run_child(SECTIONS[name], ["--quick"] if args.quick else [], verbose=args.verbose)
         section["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         section["wall_s"] = time.perf_counter() - t
         section.setdefault("quick", args.quick)
         results[name] = section
         if "error" in section:
-            log(f"   {name} failed: {section['error']}")
+            log(f"   {name} failed: {section['error']}" + (f" ({section['cause']})" if section.get("cause") else ""))
     results["meta"] = {
         "commit": _commit(),
         "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - start,
         "machine": machine(),
-        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "benchmarks.run", *sys.argv[1:]]),
     }
     write_json(out, results)
 

