@@ -207,6 +207,7 @@ class RootSchema:
     seed: int = 0
     run_dir: str = "runs/default"
     resume: bool = False
+    verbose: bool = False  # third-party logs on the console too (they always go to <run_dir>/run.log)
     model: ModelSchema = field(default_factory=ModelSchema)
     sampler: SamplerSchema = field(default_factory=SamplerSchema)
     env: EnvSchema = field(default_factory=EnvSchema)
