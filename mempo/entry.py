@@ -39,11 +39,16 @@ def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictCo
 
 
 def run_stage(cfg: DictConfig) -> Any:
+    from mempo.builders import run_path
     from mempo.config import check_paths
+    from mempo.console import setup_console
 
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
     check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
+    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.console)
+    if not cfg.verbose:
+        print(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")
     return STAGES[cfg.stage](cfg)
 
 
