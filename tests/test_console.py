@@ -139,3 +139,15 @@ def test_a_new_run_dir_moves_the_run_log(tmp_path: Path) -> None:
     second = setup_console(tmp_path / "b", verbose=False)
     logging.getLogger("vllm").warning("after the move")
     assert "after the move" not in first.read_text() and "after the move" in second.read_text()
+
+
+def test_rl_step_line_reads_the_modules_metrics() -> None:
+    from types import SimpleNamespace
+
+    from mempo.models.callbacks import RLProgress
+
+    module = SimpleNamespace(last_metrics={"rollout/reward_mean": 0.5625, "rollout/em_mean": 0.5, "train/loss": 0.1})
+    assert RLProgress(6).line(None, module, 3, 51.84) == "[mempo] RL step 3/6: reward 0.562, EM 0.500, 51.8 s"
+    module.last_metrics["val/em"] = 0.25  # a validation step (ValidationCallback merged val/* in)
+    line = RLProgress(6).line(None, module, 4, 9.0)
+    assert line == "[mempo] RL step 4/6: reward 0.562, EM 0.500, val EM 0.250, 9.0 s"
