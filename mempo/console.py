@@ -23,8 +23,9 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 OWN_LOGGERS = ("mempo", "__main__")
 LOG_NAME = "run.log"
@@ -111,6 +112,23 @@ def _console_handlers(root: logging.Logger) -> list[logging.Handler]:
     return consoles
 
 
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` as a WARNING record of the ``py.warnings`` logger (as ``logging.captureWarnings``
+    does; installed directly, so a caller that put back the previous ``showwarning`` cannot leave it stale)."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    if file is not None:
+        file.write(text)
+    else:
+        logging.getLogger("py.warnings").warning("%s", text.rstrip("\n"))
+
+
 def _progress_bars(verbose: bool) -> None:
     try:
         from transformers.utils import logging as hf_logging
@@ -136,7 +154,7 @@ def setup_console(run_dir: str | Path, verbose: bool) -> Path:
         h.removeFilter(CONSOLE_FILTER)
         if not verbose:
             h.addFilter(CONSOLE_FILTER)
-    logging.captureWarnings(True)
+    warnings.showwarning = show_warning
     _progress_bars(verbose)
     return path
 

@@ -4,7 +4,9 @@ console only with ``verbose=True``; the project's own records reach both.
 Regressions these tests catch (each planted by hand and seen to fail the named tests, then removed):
 - a third-party logger keeping its own console handler while it propagates (each Lightning line printed twice)
   (``test_third_party_records_go_to_the_run_log_only``, ``test_verbose_prints_third_party_records_once``);
-- the console filter left on Hydra's console handler by a ``verbose=True`` call (``test_hydra_handlers_are_reused``).
+- the console filter left on Hydra's console handler by a ``verbose=True`` call (``test_hydra_handlers_are_reused``);
+- a stripped logger left with ``propagate=False`` (its records lost) and warnings not routed into logging (the first
+  two tests).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def clean_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]
     saved = {lg: (list(lg.handlers), lg.level, lg.propagate) for lg in loggers}
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored at teardown
     hf_bars = None
     try:
         from transformers.utils import logging as hf_logging
@@ -36,7 +39,6 @@ def clean_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     except ImportError:
         pass
     yield
-    logging.captureWarnings(False)
     for lg in [logging.getLogger()] + [
         lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]:
@@ -116,10 +118,12 @@ def test_hydra_handlers_are_reused(tmp_path: Path, capsys: pytest.CaptureFixture
     hydra_log = logging.FileHandler(tmp_path / "eval.log")
     root.addHandler(console)
     root.addHandler(hydra_log)
-    before = len(root.handlers)
 
     assert setup_console(tmp_path, verbose=False) == tmp_path / "eval.log"
-    assert len(root.handlers) == before and not (tmp_path / "run.log").exists()
+    assert [h for h in root.handlers if type(h) is logging.StreamHandler] == [console]
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler) and h.baseFilename != os.devnull]
+    assert files == [hydra_log]  # (pytest's own log handler writes to os.devnull)
+    assert not (tmp_path / "run.log").exists()
     emit_records()
     hydra_log.flush()
     out, err = capsys.readouterr()
