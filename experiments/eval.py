@@ -13,12 +13,16 @@ import hydra
 from omegaconf import DictConfig
 
 from mempo.config import validate_config  # importing it registers the schema config.yaml composes onto
+from mempo.console import setup_console
 from mempo.eval.compare import run_eval
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     cfg = validate_config(cfg)
+    log = setup_console(cfg.run_dir, cfg.verbose)
+    if not cfg.verbose:
+        print(f"[mempo] eval: library logs and warnings go to {log} (verbose=true prints them here too)")
     result = run_eval(cfg)
     print(Path(result["out"], "intervals.md").read_text())
     if Path(result["out"], "failures.md").is_file():

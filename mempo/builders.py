@@ -138,6 +138,7 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
         enable_sleep_mode=s.enable_sleep_mode,
         kv_cache_space_gb=s.kv_cache_space_gb,
         seed=cfg.seed,
+        use_tqdm_on_load=cfg.verbose,  # the console shows third-party progress bars only when verbose
     )
 
 

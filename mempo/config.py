@@ -104,6 +104,7 @@ class RootConfig:
     seed: int = 0
     run_dir: str = "runs/default"
     resume: bool = False
+    verbose: bool = False  # third-party logs on the console too (they always go to <run_dir>/run.log)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)

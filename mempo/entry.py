@@ -39,11 +39,16 @@ def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictCo
 
 
 def run_stage(cfg: DictConfig) -> Any:
+    from mempo.builders import run_path
     from mempo.config import check_paths
+    from mempo.console import setup_console
 
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
     check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
+    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.console)
+    if not cfg.verbose:
+        print(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")
     return STAGES[cfg.stage](cfg)
 
 
@@ -108,6 +113,8 @@ def _trainer(cfg: DictConfig, out: Path, callbacks: list, *, max_steps: int, max
         enable_checkpointing=False,
         default_root_dir=str(out),
         log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=False,  # the phase's own bar (mempo.models.callbacks.PhaseProgress)
+        enable_model_summary=cfg.verbose,
         limit_val_batches=0,
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
@@ -129,7 +136,10 @@ def _export(policy: Any, tokenizer: Any, folder: Path) -> Path:
 
 @stage("rl")
 def train_rl(cfg: DictConfig) -> dict[str, Any]:
-    return fit_rl(cfg)[1]
+    print(f"[mempo] rl: {cfg.trainer.max_steps} RL steps from {cfg.model.name_or_path}")
+    summary = fit_rl(cfg)[1]
+    print(f"[mempo] rl: done in {summary['wall_s']:.0f} s; policy {summary['hf_folder']}, curves {summary['curves']}")
+    return summary
 
 
 def fit_rl(
@@ -145,7 +155,7 @@ def fit_rl(
     from mempo.builders import build_module, build_sampler, build_tasks, run_path
     from mempo.config import check_paths
     from mempo.data.datamodule import TaskDataModule
-    from mempo.models.callbacks import MetricsFile, SamplerCallback, StepCheckpoint, ValidationCallback
+    from mempo.models.callbacks import MetricsFile, RLProgress, SamplerCallback, StepCheckpoint, ValidationCallback
     from mempo.rollout.retrievers import RetrieverError
 
     start = time.perf_counter()
@@ -177,7 +187,7 @@ def fit_rl(
     if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
         val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
         hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
-    hooks += [MetricsFile(out / "metrics.csv"), ckpt, *callbacks]
+    hooks += [MetricsFile(out / "metrics.csv"), ckpt, RLProgress(cfg.trainer.max_steps), *callbacks]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
     trainer = _trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
     ckpt_path = None
@@ -223,6 +233,7 @@ def fit_rl(
 def train_sft(cfg: DictConfig) -> dict[str, Any]:
     from mempo.builders import build_builder, build_env, build_tags, run_path, synthetic_world
     from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
+    from mempo.models.callbacks import SFTProgress
     from mempo.models.loading import load_policy, resolve_model_path
     from mempo.models.sft import SFTModule, build_sft_examples, sft_dataloader
 
@@ -264,7 +275,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         lr_schedule=s.lr_schedule,
         min_lr_ratio=s.min_lr_ratio,
     )
-    trainer = _trainer(cfg, out, [], max_steps=s.max_steps, max_epochs=s.epochs)
+    trainer = _trainer(cfg, out, [SFTProgress(total)], max_steps=s.max_steps, max_epochs=s.epochs)
     trainer.fit(module, train_dataloaders=loader)
     hf = _export(policy, tokenizer, out / "hf")
     summary = {

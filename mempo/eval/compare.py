@@ -8,7 +8,7 @@ which is the memory analysis of mempo.md §2 (MemPO's memory advantage should sh
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -162,12 +162,14 @@ def evaluate_grid(
     pad_id: int = 0,
     bf16: bool = False,
     chains: Mapping[str, SyntheticQuestion] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> GridResult:
     """Every agent in ``evaluation.agents`` on every task set of ``tasks_by_n`` (one rollout each), with ``sampler``.
 
     ``policy`` (the sampler's weights as a HF model) scores each memory; None skips the memory analysis.
     Rows carry 95% bootstrap intervals of EM and F1 over tasks (``em_lo``, ``em_hi``, ``f1_lo``, ``f1_hi``).
     ``chains`` (qid -> reasoning chain, synthetic data) adds a failure tally per row (``mempo.eval.failures``).
+    ``on_row`` is called with each row as soon as it is complete (progress display).
     """
     out = GridResult([], [], [])
     for n, tasks in tasks_by_n.items():
@@ -201,6 +203,8 @@ def evaluate_grid(
                         step["p_ans"] = by_turn.get((traj.traj_id, step["turn"]))
                 out.p_ans.extend({**keys, **{k: r[k] for k in ("task_id", "turn", "p_ans")}} for r in scored)
             out.records.extend(records)
+            if on_row is not None:
+                on_row(row)
     return out
 
 
@@ -222,6 +226,7 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
     """
     from mempo.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
     from mempo.config import resolve_precision
+    from mempo.console import progress, say
     from mempo.data.synthetic import split_questions
     from mempo.eval.report import log_to_wandb, write_report
     from mempo.models.loading import load_policy, resolve_model_path
@@ -237,10 +242,18 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
     if cfg.data.source == "synthetic":
         chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
     total = GridResult([], [], [])
-    for label, name in checkpoint_folders(cfg).items():
+    folders = checkpoint_folders(cfg)
+    rows = sum(len(per_label.get(label, evaluation).agents) for label in folders) * len(evaluation.objectives)
+    bar = progress("eval", rows, unit="row")  # a row: one checkpoint x agent x N on its task set
+
+    def on_row(row: dict[str, Any]) -> None:
+        bar.set_postfix_str(f"{row['checkpoint']} {row['agent']} N={row['objectives']}: EM {row['em']:.3f}")
+        bar.update(1)
+
+    for label, name in folders.items():
         folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
         ev = per_label.get(label, evaluation)
-        print(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
+        say(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         sampler = build_sampler(cfg, folder, policy, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -260,6 +273,7 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
                 pad_id=pad_id,
                 bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
                 chains=chains,
+                on_row=on_row,
             )
         finally:
             sampler.shutdown()
@@ -268,6 +282,7 @@ def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out
         total.p_ans += res.p_ans
         total.failures += res.failures
         del policy
+    bar.close()
     files = write_report(out, total, num_tasks=cfg.eval.num_tasks)
     if cfg.logger.kind == "wandb":
         log_to_wandb(cfg, total, files)

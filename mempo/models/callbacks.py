@@ -25,6 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from mempo.console import progress, say
 from mempo.data.tasks import Task
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -282,3 +283,89 @@ class ValidationCallback(L.Callback):
         )
         pl_module.last_metrics.update(metrics)
         pl_module.log_dict(metrics, on_step=True, batch_size=len(self.tasks))
+
+
+class PhaseProgress(L.Callback):
+    """A phase's progress bar over its steps (``mempo.console.progress``: drawn on a terminal only) and the console
+    line ``line`` returns after each step (None: no line). Rank zero only."""
+
+    desc = "steps"
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+        self.step_start = 0.0
+
+    def done(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+        return trainer.global_step
+
+    def line(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, seconds: float) -> str | None:
+        return None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.bar = progress(self.desc, self.total, initial=self.done(trainer, pl_module))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.step_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.bar is None:
+            return
+        seconds = time.perf_counter() - self.step_start
+        step = self.done(trainer, pl_module)
+        text = self.line(trainer, pl_module, step, seconds)  # before the update, which redraws a postfix it sets
+        self.bar.update(step - self.bar.n)
+        if text is not None:
+            say(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.close()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.close()
+
+
+class RLProgress(PhaseProgress):
+    """RL steps: the bar and one line per step, e.g. ``[mempo] RL step 3/6: reward 0.562, EM 0.500, 51.8 s``
+    (``rollout/reward_mean``, ``rollout/em_mean`` of the step's rollouts, ``val EM`` (``val/em``) on validation
+    steps, and the step's wall time up to this callback: place it after StepCheckpoint to include the save, which
+    metrics.csv's ``perf/step_s`` leaves out)."""
+
+    desc = "RL"
+
+    def done(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+        return int(getattr(pl_module, "batches_done", trainer.global_step))
+
+    def line(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, seconds: float) -> str:
+        m = getattr(pl_module, "last_metrics", {})
+        parts = [f"reward {m.get('rollout/reward_mean', float('nan')):.3f}"]
+        parts.append(f"EM {m.get('rollout/em_mean', float('nan')):.3f}")
+        if "val/em" in m:
+            parts.append(f"val EM {m['val/em']:.3f}")
+        return f"[mempo] RL step {step}/{self.total}: {', '.join(parts)}, {seconds:.1f} s"
+
+
+class SFTProgress(PhaseProgress):
+    """Warm-start steps: the bar with the loss (``sft/loss``); when no bar is drawn (output redirected), a line
+    every tenth of the steps instead, e.g. ``[mempo] warm start step 9/30: loss 0.214``."""
+
+    desc = "warm start"
+
+    def line(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, seconds: float) -> str | None:
+        loss = trainer.callback_metrics.get("sft/loss")
+        if loss is None:
+            return None
+        self.bar.set_postfix_str(f"loss {float(loss):.3f}", refresh=False)
+        if not self.bar.disable or (step % max(self.total // 10, 1) != 0 and step != self.total):
+            return None
+        return f"[mempo] warm start step {step}/{self.total}: loss {float(loss):.3f}"

@@ -54,6 +54,7 @@ class VLLMSampler:
     kv_cache_space_gb: CPU KV cache GiB, exported as VLLM_CPU_KVCACHE_SPACE; None: the environment's, else 2.
     seed: engine seed; per-call seeds come from ``SamplingConfig.seed``.
     enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
+    use_tqdm_on_load: vLLM's progress bar while it loads the checkpoint's shards.
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class VLLMSampler:
         seed: int = 0,
         enable_prefix_caching: bool = True,
         cache_dir: str | Path | None = None,
+        use_tqdm_on_load: bool = True,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import vllm  # deferred: importing vLLM is slow and it is an optional dependency
@@ -123,6 +125,7 @@ class VLLMSampler:
                 enable_prefix_caching=enable_prefix_caching,
                 logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
                 generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
+                use_tqdm_on_load=use_tqdm_on_load,
                 **scheduling,
             )
         # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
