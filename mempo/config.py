@@ -31,7 +31,7 @@ from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
 
 LOGGERS = ("csv", "wandb")
-STAGES = ("rl", "sft", "demo", "headline")
+STAGES = ("rl", "sft", "eval", "demo", "headline")  # mempo.stages
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The console a person reads, and the run log that keeps everything else.
 
-``setup_console(run_dir, verbose)`` (once per stage, from ``mempo.entry.run_stage``): every log record and Python
+``setup_console(run_dir, verbose)`` (once per stage, from ``mempo.stages.run_stage``): every log record and Python
 warning goes to ``<run_dir>/run.log`` (Hydra's job log when ``experiments/run.py`` opened it, else a file handler
 added here). The console keeps the project's own output: ``[mempo] ...`` lines (``say``), progress bars
 (``progress``), records of ``mempo.*`` loggers, and third-party records of level ERROR and above. ``verbose=True``

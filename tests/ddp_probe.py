@@ -19,8 +19,8 @@ import lightning as L
 import torch
 
 from mempo.config import compose_config
-from mempo.entry import fit_rl
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
+from mempo.stages.train import fit_rl
 
 
 @register_advantage("probe_signed", needs_memory_scores=False)

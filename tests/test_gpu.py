@@ -28,7 +28,7 @@ def tiny_folder(request: pytest.FixtureRequest) -> Path:
 
 
 def test_two_step_bf16_fit_on_cuda_with_recomputed_old_logp_and_tis(make_cfg, tiny_folder, tmp_path):
-    from mempo.entry import fit_rl
+    from mempo.stages.train import fit_rl
 
     cfg = make_cfg(
         "model=tiny", f"model.name_or_path={tiny_folder}", "sampler=hf", "trainer=gpu", "trainer.devices=1",

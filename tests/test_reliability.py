@@ -9,7 +9,8 @@ import pytest
 
 from mempo.builders import run_path
 from mempo.config import check_paths
-from mempo.entry import fit_rl, run_stage
+from mempo.stages import run_stage
+from mempo.stages.train import fit_rl
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"question": "Who founded Brask Holdings?", "golden_answers": ["Ann"]}

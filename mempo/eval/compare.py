@@ -1,4 +1,5 @@
-"""Checkpoints x agents x objectives on the same tasks: the grid behind ``experiments/eval.py``.
+"""Checkpoints x agents x objectives on the same tasks: the grid behind the ``eval`` stage
+(``mempo.stages.evaluate``).
 
 For every N in ``eval.objectives`` the ``eval.split`` tasks are built once and shared by every checkpoint and agent, so
 rows of the table differ only in the policy and in the context mode (memory = MemPO's context reset, full_history = the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -206,84 +206,3 @@ def evaluate_grid(
             if on_row is not None:
                 on_row(row)
     return out
-
-
-def checkpoint_folders(cfg: Any) -> dict[str, str]:
-    """``eval.checkpoints`` (label -> folder), or {basename of model.name_or_path: model.name_or_path}."""
-    if cfg.eval.checkpoints:
-        return {str(k): str(v) for k, v in cfg.eval.checkpoints.items()}
-    name = str(cfg.model.name_or_path)
-    return {Path(name).name or name: name}
-
-
-def run_eval(cfg: Any, *, agents: Mapping[str, Sequence[str]] | None = None, out: Path | None = None) -> dict[str, Any]:
-    """``experiments/eval.py``: the grid for every checkpoint, then ``<run_dir>/eval/`` (see ``write_report``).
-
-    agents: checkpoint label -> the agents (contexts) that checkpoint is evaluated with (the headline evaluates a
-    ReAct-trained checkpoint only as a full-history agent); a label not in it gets ``eval.agents``.
-    out: the output folder instead of ``<run_dir>/eval``.
-    -> {"rows", "out", "files"}.
-    """
-    from mempo.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
-    from mempo.config import resolve_precision
-    from mempo.console import progress, say
-    from mempo.data.synthetic import split_questions
-    from mempo.eval.report import log_to_wandb, write_report
-    from mempo.models.loading import load_policy, resolve_model_path
-
-    out = run_path(cfg, "eval") if out is None else Path(out)
-    evaluation: EvalConfig = group(cfg, "eval")
-    per_label = {label: replace(evaluation, agents=list(contexts)) for label, contexts in (agents or {}).items()}
-    split = evaluation.split  # val: held-out tasks; train: the training world's, RL's task distribution
-    tasks_by_n = {
-        n: build_tasks(cfg, split, num_tasks=evaluation.num_tasks, objectives=n) for n in evaluation.objectives
-    }
-    chains = None
-    if cfg.data.source == "synthetic":
-        chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
-    total = GridResult([], [], [])
-    folders = checkpoint_folders(cfg)
-    rows = sum(len(per_label.get(label, evaluation).agents) for label in folders) * len(evaluation.objectives)
-    bar = progress("eval", rows, unit="row")  # a row: one checkpoint x agent x N on its task set
-
-    def on_row(row: dict[str, Any]) -> None:
-        bar.set_postfix_str(f"{row['checkpoint']} {row['agent']} N={row['objectives']}: EM {row['em']:.3f}")
-        bar.update(1)
-
-    for label, name in folders.items():
-        folder = resolve_model_path(name, cache_dir=cfg.model.cache_dir)
-        ev = per_label.get(label, evaluation)
-        say(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
-        policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-        sampler = build_sampler(cfg, folder, policy, tokenizer)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        try:
-            res = evaluate_grid(
-                sampler,
-                build_env(cfg, tokenizer),
-                build_builder(cfg, tokenizer),
-                tasks_by_n,
-                group(cfg, "agent"),
-                group(cfg, "sampler").sampling(seed=cfg.seed, greedy=ev.greedy),
-                ev,
-                checkpoint=label,
-                reward_kind=cfg.reward.kind,
-                include_tags=cfg.memory.include_tags,
-                policy=policy if ev.score_memories else None,
-                pad_id=pad_id,
-                bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
-                chains=chains,
-                on_row=on_row,
-            )
-        finally:
-            sampler.shutdown()
-        total.rows += res.rows
-        total.records += res.records
-        total.p_ans += res.p_ans
-        total.failures += res.failures
-        del policy
-    bar.close()
-    files = write_report(out, total, num_tasks=cfg.eval.num_tasks)
-    if cfg.logger.kind == "wandb":
-        log_to_wandb(cfg, total, files)
-    return {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}

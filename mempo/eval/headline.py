@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mempo.eval.report import _atomic, _write_csv, markdown_table, plot_vs_objectives
+from mempo.base import atomic_write_text, write_csv
+from mempo.eval.report import markdown_table, plot_vs_objectives
 from mempo.eval.stats import bootstrap_ci
 
 HEADLINE_COLUMNS = [
@@ -102,9 +103,9 @@ def write_headline(
     rows = headline_rows(records, seed=seed)
     ratios = token_ratios(rows)
     files = {"table_csv": out / "table.csv", "table_md": out / "table.md"}
-    _write_csv(files["table_csv"], rows, HEADLINE_COLUMNS)
+    write_csv(files["table_csv"], rows, HEADLINE_COLUMNS)
     lines = [markdown_table(rows, HEADLINE_COLUMNS), "", "Intervals: 95% percentile bootstrap over tasks.", ""]
-    _atomic(files["table_md"], "\n".join([*lines, *ratio_lines(ratios)]) + "\n")
+    atomic_write_text(files["table_md"], "\n".join([*lines, *ratio_lines(ratios)]) + "\n")
     sub = f"({num_tasks} tasks per N, greedy; bars: 95% bootstrap intervals)"
     figures = {
         "f1_vs_n": ("f1", "F1 (mean over objectives and tasks)", f"Answer F1 vs N\n{sub}", {"ylim": (-0.05, 1.05)}),

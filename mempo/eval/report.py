@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from mempo.base import atomic_write_text, wandb_mode, write_csv
 
 TABLE_COLUMNS = [
     "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -84,21 +85,6 @@ def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]]) ->
     out += ["", "Paired differences over the same tasks:", ""]
     out.append(markdown_table(diff_rows, ["comparison", "N", "tasks", "EM diff [95% CI]", "F1 diff [95% CI]"]))
     return "\n".join(out)
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]], cols: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def _series(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -282,17 +268,19 @@ def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
         "table_csv": out / "table.csv",
         "memory_p_ans": out / "memory_p_ans.csv",
     }
-    _atomic(files["results"], "".join(json.dumps(r, default=str) + "\n" for r in result.records))
-    _atomic(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
-    _write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
-    _write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
+    atomic_write_text(files["results"], "".join(json.dumps(r, default=str) + "\n" for r in result.records))
+    atomic_write_text(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
+    write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
+    write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
     files["intervals"] = out / "intervals.md"
-    _atomic(files["intervals"], interval_table(result.rows, result.records) + "\n")
+    atomic_write_text(files["intervals"], interval_table(result.rows, result.records) + "\n")
     if result.failures:
         from mempo.eval.failures import VERDICTS
 
         files["failures"] = out / "failures.md"
-        _atomic(files["failures"], markdown_table(result.failures, ["checkpoint", "agent", "objectives", *VERDICTS]))
+        atomic_write_text(
+            files["failures"], markdown_table(result.failures, ["checkpoint", "agent", "objectives", *VERDICTS])
+        )
     files["f1_vs_objectives"] = plot_f1(result.rows, out / "f1_vs_objectives.png", num_tasks=num_tasks)
     files["tokens_vs_objectives"] = plot_tokens(result.rows, out / "tokens_vs_objectives.png", num_tasks=num_tasks)
     files["p_ans_by_turn"] = plot_p_ans(result.p_ans, out / "p_ans_by_turn.png")
@@ -304,9 +292,7 @@ def log_to_wandb(cfg: Any, result: Any, files: dict[str, Path]) -> None:
     run named ``<name>-eval`` (offline unless an API key is configured, as for training)."""
     import wandb
 
-    mode = cfg.logger.mode
-    if mode is None:
-        mode = "online" if os.environ.get("WANDB_API_KEY") else os.environ.get("WANDB_MODE", "offline")
+    mode = wandb_mode(cfg.logger.mode)
     run = wandb.init(
         project=cfg.logger.project,
         entity=cfg.logger.entity,

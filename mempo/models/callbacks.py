@@ -25,6 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from mempo.base import temp_sibling, write_csv
 from mempo.console import progress, say
 from mempo.data.tasks import Task
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -152,7 +153,7 @@ class StepCheckpoint(L.Callback):
         if step == self.saved_at:
             return
         self.dirpath.mkdir(parents=True, exist_ok=True)
-        tmp = self.dirpath / f".last.ckpt.tmp{os.getpid()}"
+        tmp = temp_sibling(self.last_path)
         trainer.save_checkpoint(tmp)
         if trainer.is_global_zero:
             os.replace(tmp, self.last_path)
@@ -239,13 +240,7 @@ class MetricsFile(L.Callback):
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.path)
+        write_csv(self.path, rows, list(dict.fromkeys(k for r in rows for k in r)))
 
 
 class ValidationCallback(L.Callback):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mempo.entry import fit_rl
-from mempo.eval.compare import run_eval
 from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS
+from mempo.stages.evaluate import run_eval
+from mempo.stages.train import fit_rl
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from mempo.entry import fit_rl
 from mempo.models.callbacks import WeightCanaryError
 from mempo.rollout.hf_sampler import HFSampler
+from mempo.stages.train import fit_rl
 
 RUN = [
     "model=tiny", "sampler=hf", "data.batch_size=1", "data.group_size=2", "agent.max_turns=1",

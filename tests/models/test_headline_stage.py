@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 import mempo.models.sft
 from mempo.config import compose_config
-from mempo.entry import run_stage
 from mempo.eval.headline import HEADLINE_COLUMNS
 from mempo.eval.report import read_records
-from mempo.headline import ARMS
+from mempo.stages import run_stage
+from mempo.stages.headline import ARMS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 AGENTS = {"warm_start": "memory", "mempo": "memory", "ablation_nomem": "memory",

@@ -9,8 +9,8 @@ from replay import oracle_batch
 from torch.testing import assert_close
 
 from mempo.builders import build_module, build_tasks
-from mempo.entry import fit_rl
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
+from mempo.stages.train import fit_rl
 
 SMOKE = [
     "model=tiny",

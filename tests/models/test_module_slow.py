@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mempo.entry import fit_rl
 from mempo.models.loading import load_policy
+from mempo.stages.train import fit_rl
 
 ROOT = Path(__file__).resolve().parents[2]
 

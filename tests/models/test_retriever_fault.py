@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from mempo.entry import fit_rl
 from mempo.rollout.format import format_turn
 from mempo.rollout.retrieval_server import RetrievalServer
 from mempo.rollout.retrievers import BM25Retriever, Passage, RetrieverError
 from mempo.rollout.sampler import Generation
+from mempo.stages.train import fit_rl
 
 PASSAGES = [Passage("0", '"Velorin Oskatu"\nVelorin Oskatu works for Brask Holdings.'), Passage("1", "Ometh\nOmeth.")]
 

@@ -14,7 +14,6 @@ import torch
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
 from torch.testing import assert_close
 
-from mempo.entry import run_stage
 from mempo.models.loading import load_policy
 from mempo.models.sft import SFTModule, build_sft_examples, collate_sft
 from mempo.rollout.agent import AgentConfig, collect
@@ -22,6 +21,7 @@ from mempo.rollout.env import SearchEnv
 from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
+from mempo.stages import run_stage
 
 
 @pytest.fixture(scope="module")

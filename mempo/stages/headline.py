@@ -26,7 +26,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mempo.base import write_json
+from mempo.builders import run_path
 from mempo.config import CONFIG_DIR
+from mempo.console import say
+from mempo.eval.headline import write_headline
+from mempo.eval.report import read_records
+from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.evaluate import run_eval
 
 WARM_STARTS = {"warm_start": "memory", "react_warm_start": "full_history"}  # label -> agent.context of its SFT data
 RL_ARMS = {  # arm -> (its warm start, the experiment file whose delta it applies; None = the run's config as is)
@@ -70,71 +77,49 @@ def arm_overrides(arm: str) -> dict[str, Any]:
     return {"agent.context": arm_agent(arm), **delta}
 
 
-def _ready(hf: Path) -> bool:
-    return (hf / "config.json").is_file()
-
-
-def run_headline(cfg: DictConfig) -> dict[str, Any]:
-    """Warm starts, RL arms (each trained unless its checkpoint exists), then the evaluation, table and figures."""
-    from mempo.builders import run_path
-    from mempo.entry import _write_json, fit_rl, train_sft, with_overrides
-    from mempo.eval.compare import run_eval
-    from mempo.eval.headline import write_headline
-    from mempo.eval.report import read_records
-
-    start = time.perf_counter()
-    out = run_path(cfg)
-    folders: dict[str, Path] = {}
-    status: dict[str, str] = {}  # label -> trained | reused | given
-    phases: dict[str, float] = {}
-
+def headline_steps(cfg: DictConfig) -> list[Step]:
+    """The two warm starts, then the three RL arms from them; each reused when its policy exists."""
+    steps = []
     for label, context in WARM_STARTS.items():
-        t = time.perf_counter()
-        given = cfg.headline[label]
-        hf = Path(given) if given else out / label / "hf"
-        if given:
-            status[label] = "given"
-            print(f"[mempo] {label}: using {hf} (headline.{label})")
-        elif _ready(hf):
-            status[label] = "reused"
-            print(f"[mempo] {label}: reusing {hf} (delete it to train it again)")
-        else:
-            status[label] = "trained"
-            print(f"[mempo] {label}: warm start on the oracle's trajectories rendered with the {context} prompts")
-            overrides = {"stage": "sft", "run_dir": str(out / label), "name": f"{cfg.name}-{label}"}
-            train_sft(with_overrides(cfg, {**overrides, "agent.context": context}))
-        folders[label] = hf
-        phases[f"{label}_s"] = time.perf_counter() - t
-
+        if cfg.headline[label]:  # headline.<label>: a given folder, never trained here
+            continue
+        title = f"warm start on the oracle's trajectories rendered with the {context} prompts"
+        overrides = {"name": f"{cfg.name}-{label}", "agent.context": context}
+        steps.append(Step(label, "sft", title, overrides, reuse=True))
     for arm, (warm, _) in RL_ARMS.items():
-        t = time.perf_counter()
-        hf = out / arm / "hf"
-        if _ready(hf):
-            status[arm] = "reused"
-            print(f"[mempo] {arm}: reusing {hf} (delete it to train it again)")
-        else:
-            status[arm] = "trained"
-            delta = arm_overrides(arm)
-            print(f"[mempo] {arm}: {cfg.trainer.max_steps} RL steps from {warm} with {delta}")
-            overrides = {"stage": "rl", "run_dir": str(out / arm), "name": f"{cfg.name}-{arm}"}
-            module, _ = fit_rl(with_overrides(cfg, {**overrides, "model.name_or_path": str(folders[warm]), **delta}))
-            del module
-        folders[arm] = hf
-        phases[f"{arm}_s"] = time.perf_counter() - t
+        delta = arm_overrides(arm)
+        overrides = {"name": f"{cfg.name}-{arm}", "model.name_or_path": policy_folder(cfg, warm), **delta}
+        steps.append(Step(arm, "rl", f"{cfg.trainer.max_steps} RL steps from {warm} with {delta}", overrides, True))
+    return steps
+
+
+def policy_folder(cfg: DictConfig, arm: str) -> Path:
+    """An arm's HF folder: ``headline.<warm start>`` when given, else ``<run_dir>/<arm>/hf``."""
+    given = cfg.headline[arm] if arm in WARM_STARTS else None
+    return Path(given) if given else run_path(cfg, arm, "hf")
+
+
+@stage("headline")
+def headline(cfg: DictConfig) -> dict[str, Any]:
+    """Warm starts and RL arms (each trained unless its policy exists), then the evaluation, table and figures."""
+    out = run_path(cfg)
+    done = run_steps(cfg, headline_steps(cfg))
+    folders = {a: policy_folder(cfg, a) for a in ARMS}
+    status = {a: done[a]["status"] if a in done else "given" for a in ARMS}
+    phases = {f"{label}_s": d["seconds"] for label, d in done.items()}
 
     t = time.perf_counter()
     n_list = list(cfg.eval.objectives)
-    print(f"[mempo] evaluation: {len(ARMS)} arms on the same {cfg.eval.num_tasks} held-out tasks per N = {n_list}")
-    checkpoints = "{" + ", ".join(f"{a}: '{folders[a]}'" for a in ARMS) + "}"
+    say(f"[mempo] evaluation: {len(ARMS)} arms on the same {cfg.eval.num_tasks} held-out tasks per N = {n_list}")
     ev = run_eval(
-        with_overrides(cfg, {"eval.checkpoints": checkpoints}),
+        with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}),
         agents={a: [arm_agent(a)] for a in ARMS},
         out=out / "eval" / "grid",
     )
     records = read_records(Path(ev["files"]["results"]))
     files, rows, ratios = write_headline(out / "eval", records, num_tasks=cfg.eval.num_tasks)
     phases["eval_s"] = time.perf_counter() - t
-    phases["total_s"] = time.perf_counter() - start
+    phases["total_s"] = sum(phases.values())
     summary = {
         "stage": "headline",
         "arms": {a: {"agent": arm_agent(a), "folder": str(folders[a]), "status": status[a]} for a in ARMS},
@@ -146,7 +131,7 @@ def run_headline(cfg: DictConfig) -> dict[str, Any]:
         "phases": phases,
         "files": {k: str(v) for k, v in files.items()} | {"grid": ev["out"]},
     }
-    _write_json(out / "summary.json", summary)
-    print("\n" + files["table_md"].read_text())
-    print(f"[mempo] done in {phases['total_s']:.0f} s; table and figures in {out / 'eval'}")
+    write_json(out / "summary.json", summary)
+    say("\n" + files["table_md"].read_text())
+    say(f"[mempo] done in {phases['total_s']:.0f} s; table and figures in {out / 'eval'}")
     return summary

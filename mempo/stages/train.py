@@ -1,24 +1,48 @@
-"""Stages of ``experiments/run.py``: each is one function of the validated config.
-
-rl    MemPO (or GRPO, by config) from ``model.name_or_path``
-sft   supervised warm start on teacher trajectories
-demo  the embedded default end to end: warm start (skipped when its checkpoint exists), RL, evaluation
-headline  MemPO vs GRPO vs a ReAct agent as the number of objectives grows (``mempo.headline``)
-"""
+"""The training stages: ``rl`` (MemPO, or GRPO by config, from ``model.name_or_path``) and ``sft`` (the supervised
+warm start on teacher trajectories), and the Lightning Trainer both run under."""
 
 from __future__ import annotations
 
-import json
-import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-STAGES: dict[str, Callable[[DictConfig], Any]] = {}
+from mempo.base import temp_sibling, wandb_mode, write_json
+from mempo.builders import (
+    build_builder,
+    build_env,
+    build_module,
+    build_sampler,
+    build_tags,
+    build_tasks,
+    group,
+    run_path,
+    synthetic_world,
+)
+from mempo.config import check_paths, resolve_precision
+from mempo.data.datamodule import TaskDataModule
+from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
+from mempo.eval.curves import plot_runs
+from mempo.models.callbacks import (
+    MetricsFile,
+    RLProgress,
+    SamplerCallback,
+    SFTProgress,
+    StepCheckpoint,
+    ValidationCallback,
+)
+from mempo.models.loading import load_policy, resolve_model_path
+from mempo.models.module import MemPOModule
+from mempo.models.sft import SFTModule, build_sft_examples, sft_dataloader
+from mempo.rollout.retrievers import RetrieverError
+from mempo.stages import stage
 
 # Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
 # update) by the module itself; batches are lists of tasks, which the module keeps on the host on purpose.
@@ -30,48 +54,7 @@ for _message in (
     warnings.filterwarnings("ignore", message=_message)
 
 
-def stage(name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictConfig], Any]]:
-    def deco(fn: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-        STAGES[name] = fn
-        return fn
-
-    return deco
-
-
-def run_stage(cfg: DictConfig) -> Any:
-    from mempo.builders import run_path
-    from mempo.config import check_paths
-    from mempo.console import setup_console
-
-    if cfg.stage not in STAGES:
-        raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
-    check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
-    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.console)
-    if not cfg.verbose:
-        print(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")
-    return STAGES[cfg.stage](cfg)
-
-
-def with_overrides(cfg: DictConfig, overrides: dict[str, Any]) -> DictConfig:
-    """A validated copy of ``cfg`` with dotted-key overrides."""
-    from mempo.config import validate_config
-
-    merged = OmegaConf.merge(
-        OmegaConf.to_container(cfg), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
-    )
-    return validate_config(merged)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-
-
 def _seed(cfg: DictConfig) -> None:
-    import lightning as L
-
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
 
@@ -80,9 +63,7 @@ def _logger(cfg: DictConfig, out: Path) -> Any:
 
     if cfg.logger.kind == "csv":
         return CSVLogger(save_dir=str(out), name="lightning_logs")
-    mode = cfg.logger.mode
-    if mode is None:  # W&B raises without a key unless a mode is set: default to offline (sync later)
-        mode = "online" if os.environ.get("WANDB_API_KEY") else os.environ.get("WANDB_MODE", "offline")
+    mode = wandb_mode(cfg.logger.mode)
     return WandbLogger(
         project=cfg.logger.project,
         entity=cfg.logger.entity,
@@ -94,25 +75,17 @@ def _logger(cfg: DictConfig, out: Path) -> Any:
     )
 
 
-def _trainer(cfg: DictConfig, out: Path, callbacks: list, *, max_steps: int, max_epochs: int | None = None) -> Any:
-    import lightning as L
-
-    from mempo.config import resolve_precision
-
-    t = cfg.trainer
+def make_trainer(cfg: DictConfig, out: Path, callbacks: list, **run: Any) -> L.Trainer:
+    """``lightning.Trainer(**trainer group, **run)``: every key of the ``trainer`` group is a Trainer keyword (its
+    precision ``auto`` resolved), ``run`` the phase's own (max_steps, max_epochs); the rest is fixed here."""
+    kwargs = asdict(group(cfg, "trainer"))
+    kwargs["precision"] = resolve_precision(kwargs["precision"], kwargs["accelerator"])
     return L.Trainer(
-        accelerator=t.accelerator,
-        devices=t.devices,
-        num_nodes=t.num_nodes,
-        strategy=t.strategy,
-        precision=resolve_precision(t.precision, t.accelerator),
-        max_steps=max_steps,
-        max_epochs=max_epochs if max_epochs is not None else -1,
+        **{**kwargs, **run},
         logger=_logger(cfg, out),
         callbacks=callbacks,
-        enable_checkpointing=False,
+        enable_checkpointing=False,  # StepCheckpoint writes last.ckpt
         default_root_dir=str(out),
-        log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=False,  # the phase's own bar (mempo.models.callbacks.PhaseProgress)
         enable_model_summary=cfg.verbose,
         limit_val_batches=0,
@@ -123,14 +96,12 @@ def _trainer(cfg: DictConfig, out: Path, callbacks: list, *, max_steps: int, max
 
 def _export(policy: Any, tokenizer: Any, folder: Path) -> Path:
     """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load)."""
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = temp_sibling(folder)
     policy.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    tmp.replace(folder)
     return folder
 
 
@@ -144,7 +115,7 @@ def train_rl(cfg: DictConfig) -> dict[str, Any]:
 
 def fit_rl(
     cfg: DictConfig, *, make_sampler: Callable[[Any], Any] | None = None, callbacks: Sequence[Any] = ()
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[MemPOModule, dict[str, Any]]:
     """Train with MemPO (or the configured estimator) -> (the module, the run summary).
 
     make_sampler: module -> Sampler; default: ``sampler.backend`` over the policy (tests pass a scripted one).
@@ -152,12 +123,6 @@ def fit_rl(
     A retriever that stays down (``RetrieverError`` after its retries) stops the run after saving the last
     completed step (``StepCheckpoint.on_exception``); rerun with ``resume=true`` once the server is back.
     """
-    from mempo.builders import build_module, build_sampler, build_tasks, run_path
-    from mempo.config import check_paths
-    from mempo.data.datamodule import TaskDataModule
-    from mempo.models.callbacks import MetricsFile, RLProgress, SamplerCallback, StepCheckpoint, ValidationCallback
-    from mempo.rollout.retrievers import RetrieverError
-
     start = time.perf_counter()
     check_paths(cfg)
     _seed(cfg)
@@ -189,7 +154,7 @@ def fit_rl(
         hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
     hooks += [MetricsFile(out / "metrics.csv"), ckpt, RLProgress(cfg.trainer.max_steps), *callbacks]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
-    trainer = _trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs)
+    trainer = make_trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs, max_epochs=-1)
     ckpt_path = None
     if cfg.resume:
         if ckpt.last_path.exists():
@@ -211,8 +176,6 @@ def fit_rl(
     hf = _export(module.policy, module.tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
     curves = None
     if trainer.is_global_zero and (out / "metrics.csv").is_file():
-        from mempo.eval.curves import plot_runs
-
         curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
     summary = {
         "stage": "rl",
@@ -225,18 +188,12 @@ def fit_rl(
         "last_metrics": module.last_metrics,
     }
     if trainer.is_global_zero:
-        _write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
     return module, summary
 
 
 @stage("sft")
 def train_sft(cfg: DictConfig) -> dict[str, Any]:
-    from mempo.builders import build_builder, build_env, build_tags, run_path, synthetic_world
-    from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
-    from mempo.models.callbacks import SFTProgress
-    from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.sft import SFTModule, build_sft_examples, sft_dataloader
-
     start = time.perf_counter()
     _seed(cfg)
     out = run_path(cfg)
@@ -275,7 +232,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         lr_schedule=s.lr_schedule,
         min_lr_ratio=s.min_lr_ratio,
     )
-    trainer = _trainer(cfg, out, [SFTProgress(total)], max_steps=s.max_steps, max_epochs=s.epochs)
+    trainer = make_trainer(cfg, out, [SFTProgress(total)], max_steps=s.max_steps, max_epochs=s.epochs)
     trainer.fit(module, train_dataloaders=loader)
     hf = _export(policy, tokenizer, out / "hf")
     summary = {
@@ -295,72 +252,5 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         f"[mempo] warm start: {len(trajectories)} teacher tasks, {len(examples)} turns, {trainer.global_step} steps, "
         f"{summary['tok_per_s']:.0f} tok/s, final loss {summary['final_loss']:.3f}"
     )
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     return summary
-
-
-@stage("demo")
-def demo(cfg: DictConfig) -> dict[str, Any]:
-    """The embedded default end to end: warm start (skipped when its checkpoint exists), MemPO RL from it, then a
-    greedy evaluation of both on the same held-out tasks (``eval.objectives`` x ``eval.num_tasks``), with 95%
-    bootstrap intervals and the paired difference RL - warm start."""
-    from mempo.builders import run_path
-    from mempo.eval.compare import run_eval
-
-    start = time.perf_counter()
-    out = run_path(cfg)
-    sft_dir, rl_dir = out / "sft", out / "rl"
-    sft_hf = sft_dir / "hf"
-    phases: dict[str, float] = {}
-    t = time.perf_counter()
-    if (sft_hf / "config.json").is_file():
-        print(f"[mempo] warm start: reusing {sft_hf} (delete it to train it again)")
-        sft_summary = json.loads((sft_dir / "summary.json").read_text()) if (sft_dir / "summary.json").exists() else {}
-    else:
-        print("[mempo] phase 1/3: supervised warm start on the synthetic oracle's trajectories")
-        sft_summary = train_sft(with_overrides(cfg, {"stage": "sft", "run_dir": str(sft_dir)}))
-    phases["sft_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    print(f"[mempo] phase 2/3: {cfg.trainer.max_steps} RL steps from the warm start")
-    rl_cfg = with_overrides(cfg, {"stage": "rl", "run_dir": str(rl_dir), "model.name_or_path": str(sft_hf)})
-    _, rl_summary = fit_rl(rl_cfg)
-    phases["rl_s"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    n_list = list(cfg.eval.objectives)
-    print(f"[mempo] phase 3/3: greedy evaluation on {cfg.eval.num_tasks} held-out tasks per N = {n_list}")
-    labels = {"warm_start": str(sft_hf), "rl": str(rl_dir / "hf")}
-    folders = "{" + ", ".join(f"{k}: '{v}'" for k, v in labels.items()) + "}"
-    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders}))
-    phases["eval_s"] = time.perf_counter() - t
-    phases["total_s"] = time.perf_counter() - start
-    table = Path(ev["files"]["intervals"]).read_text().rstrip("\n")  # run_eval's interval table, not recomputed
-    summary = {
-        "stage": "demo",
-        "phases": phases,
-        "sft": sft_summary,
-        "rl": rl_summary,
-        "eval": ev["rows"],
-        "eval_tasks": cfg.eval.num_tasks,
-        "objectives": list(cfg.eval.objectives),
-    }
-    _write_json(out / "summary.json", summary)
-    (out / "summary.md").write_text(table + "\n")
-    print(f"\n{table}\n")
-    print(
-        f"[mempo] done in {phases['total_s']:.0f} s (warm start {phases['sft_s']:.0f} s, RL {phases['rl_s']:.0f} s, "
-        f"eval {phases['eval_s']:.0f} s)."
-    )
-    print(f"[mempo] learning curves: {rl_summary.get('curves')}")
-    print(f"[mempo] evaluation: {ev['out']} (table.md, failures.md, results.jsonl, figures)")
-    return summary
-
-
-@stage("headline")
-def headline(cfg: DictConfig) -> dict[str, Any]:
-    """Five arms (two warm starts, three RL arms of the same budget) evaluated on the same held-out tasks per N:
-    ``mempo.headline``."""
-    from mempo.headline import run_headline
-
-    return run_headline(cfg)

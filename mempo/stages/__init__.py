@@ -1,0 +1,106 @@
+"""Stages: what ``experiments/run.py`` runs, each one function of the validated config (``stage=NAME``).
+
+    rl        MemPO (or GRPO, by config) from ``model.name_or_path``           mempo.stages.train
+    sft       supervised warm start on teacher trajectories                    mempo.stages.train
+    eval      checkpoints x agents x N on the same held-out tasks              mempo.stages.evaluate
+    demo      the embedded default: warm start, RL, evaluation (``DEMO``)      mempo.stages.demo
+    headline  MemPO vs GRPO vs a ReAct agent as N grows                        mempo.stages.headline
+
+A composed stage (demo, headline) is a list of ``Step``s run by ``run_steps``: each step is another stage run with
+a few keys overridden, in its own folder of run_dir, and a step that trains a policy is skipped when that policy
+already exists (``reuse``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mempo.builders import run_path
+from mempo.config import check_paths, validate_config
+from mempo.console import say, setup_console
+
+StageFn = Callable[[DictConfig], dict[str, Any]]
+STAGES: dict[str, StageFn] = {}
+
+
+def stage(name: str) -> Callable[[StageFn], StageFn]:
+    """Register a stage function under ``name`` (a value of the ``stage`` key)."""
+
+    def deco(fn: StageFn) -> StageFn:
+        STAGES[name] = fn
+        return fn
+
+    return deco
+
+
+def run_stage(cfg: DictConfig) -> dict[str, Any]:
+    """The top-level entry: inputs checked, the console set up, then the configured stage."""
+    if cfg.stage not in STAGES:
+        raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
+    check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
+    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.console)
+    if not cfg.verbose:
+        say(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")
+    return STAGES[cfg.stage](cfg)
+
+
+def with_overrides(cfg: DictConfig, overrides: Mapping[str, Any]) -> DictConfig:
+    """A validated copy of ``cfg`` with dotted-key overrides."""
+    merged = OmegaConf.merge(
+        OmegaConf.to_container(cfg), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
+    return validate_config(merged)
+
+
+def folders_arg(folders: Mapping[str, Any]) -> str:
+    """label -> folder as one override value (``eval.checkpoints={a: 'x', b: 'y'}``)."""
+    return "{" + ", ".join(f"{k}: '{v}'" for k, v in folders.items()) + "}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One phase of a composed stage: the stage ``stage`` run on the composed stage's config plus ``overrides``,
+    in ``<run_dir>/<label>`` unless the overrides name another run_dir. ``reuse``: skip it when that folder already
+    holds its trained policy (``hf/config.json``)."""
+
+    label: str
+    stage: str
+    title: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    reuse: bool = False
+
+
+def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:
+    """Run (or reuse) every step in order -> label -> {"summary", "status" (ran | reused), "seconds", "run_dir"}."""
+    out = run_path(cfg)
+    done: dict[str, dict[str, Any]] = {}
+    for i, step in enumerate(steps, start=1):
+        t = time.perf_counter()
+        run_dir = Path(step.overrides.get("run_dir", out / step.label))
+        hf = run_dir / "hf"
+        if step.reuse and (hf / "config.json").is_file():
+            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {hf} (delete it to train it again)")
+            summary_file = run_dir / "summary.json"
+            summary, status = (json.loads(summary_file.read_text()) if summary_file.is_file() else {}), "reused"
+        else:
+            say(f"[mempo] {i}/{len(steps)} {step.label}: {step.title}")
+            sub = with_overrides(cfg, {"stage": step.stage, "run_dir": str(run_dir), **step.overrides})
+            summary, status = STAGES[step.stage](sub), "ran"
+        done[step.label] = {
+            "summary": summary,
+            "status": status,
+            "seconds": time.perf_counter() - t,
+            "run_dir": run_dir,
+        }
+    return done
+
+
+# Register the stages (each module decorates its functions with @stage).
+from mempo.stages import demo, evaluate, headline, train  # noqa: E402, F401

@@ -1,0 +1,65 @@
+"""The ``demo`` stage, the embedded default end to end (``python experiments/run.py``): three steps, ``DEMO``.
+
+    sft   supervised warm start on the synthetic oracle's trajectories (reused when runs/<name>/sft/hf exists)
+    rl    trainer.max_steps MemPO steps from the warm start
+    eval  greedy evaluation of both on the same held-out tasks (eval.objectives x eval.num_tasks), 95% bootstrap
+          intervals and the paired difference RL - warm start
+
+Outputs: ``<run_dir>/summary.md`` (the table), ``summary.json`` (phases, timings, each step's summary), and each
+step's folder (``sft/``, ``rl/``, ``eval/``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from mempo.base import atomic_write_text, write_json
+from mempo.builders import run_path
+from mempo.console import say
+from mempo.stages import Step, folders_arg, run_steps, stage
+
+
+def demo_steps(cfg: DictConfig) -> list[Step]:
+    """``DEMO``: warm start, RL from it, evaluation of both."""
+    out = run_path(cfg)
+    sft_hf, rl_hf = out / "sft" / "hf", out / "rl" / "hf"
+    n_list = list(cfg.eval.objectives)
+    return [
+        Step("sft", "sft", "supervised warm start on the synthetic oracle's trajectories", reuse=True),
+        Step("rl", "rl", f"{cfg.trainer.max_steps} RL steps from the warm start", {"model.name_or_path": sft_hf}),
+        Step(
+            "eval",
+            "eval",
+            f"greedy evaluation on {cfg.eval.num_tasks} held-out tasks per N = {n_list}",
+            {"run_dir": out, "eval.checkpoints": folders_arg({"warm_start": sft_hf, "rl": rl_hf})},
+        ),
+    ]
+
+
+@stage("demo")
+def demo(cfg: DictConfig) -> dict[str, Any]:
+    out = run_path(cfg)
+    done = run_steps(cfg, demo_steps(cfg))
+    phases = {f"{label}_s": d["seconds"] for label, d in done.items()}
+    phases["total_s"] = sum(phases.values())
+    ev = done["eval"]["summary"]
+    table = Path(ev["files"]["intervals"]).read_text().rstrip("\n")  # the eval stage's interval table
+    summary = {
+        "stage": "demo",
+        "phases": phases,
+        "sft": done["sft"]["summary"],
+        "rl": done["rl"]["summary"],
+        "eval": ev["rows"],
+        "eval_tasks": cfg.eval.num_tasks,
+        "objectives": list(cfg.eval.objectives),
+    }
+    write_json(out / "summary.json", summary)
+    atomic_write_text(out / "summary.md", table + "\n")
+    say(
+        f"[mempo] done in {phases['total_s']:.0f} s (warm start {phases['sft_s']:.0f} s, RL {phases['rl_s']:.0f} s, "
+        f"eval {phases['eval_s']:.0f} s); table: {out / 'summary.md'}; curves: {summary['rl'].get('curves')}"
+    )
+    return summary
