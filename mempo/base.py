@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,16 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: list[str]) ->
         writer.writerows(rows)
     os.replace(tmp, path)
     return path
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """``timings[name]`` = the wall seconds the block took."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = time.perf_counter() - start
 
 
 def wandb_mode(mode: str | None) -> str:

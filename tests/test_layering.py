@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Layer -> its modules (a trailing ".*" takes a package's every module). Listed bottom to top.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("mempo", "mempo.base", "mempo.console", "mempo.data.tasks", "mempo.rollout.format"),  # no mempo imports
+    "base": ("mempo", "mempo.base", "mempo.console", "mempo.padding", "mempo.data.tasks", "mempo.rollout.format"),
     "math": ("mempo.losses", "mempo.losses.*"),  # pure tensor math (torch only)
     "data": ("mempo.data", "mempo.data.*"),  # tasks, the synthetic world, the oracle teacher, the DataModule
     "model_utils": ("mempo.models", "mempo.models.loading", "mempo.models.logprobs", "mempo.models.scoring"),

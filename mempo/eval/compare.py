@@ -21,7 +21,7 @@ from mempo.data.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.failures import failure_tally
 from mempo.eval.stats import bootstrap_ci
-from mempo.models.scoring import answer_probabilities
+from mempo.models.scoring import memory_answer_probabilities
 from mempo.rollout.agent import CONTEXT_MODES, AgentConfig, Env, RolloutBatch, Trajectory
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -87,15 +87,14 @@ class GridResult:
 def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
     """One rollout as a JSON-able dict: ``keys`` (checkpoint, agent, objectives), the task, the outcome, TT/PT and
     every turn's memory, action and argument."""
-    n_obj = max(len(traj.scores), 1)
     return {
         **keys,
         "task_id": traj.task.task_id,
         "question": traj.task.question,
         "gold": traj.task.gold,
         "answer": traj.answer,
-        "em": sum(s[0] for s in traj.scores) / n_obj,
-        "f1": sum(s[1] for s in traj.scores) / n_obj,
+        "em": traj.em,
+        "f1": traj.f1,
         "reward": traj.reward,
         "finish": traj.finish,
         "error": traj.error,
@@ -135,11 +134,10 @@ def memory_p_ans(
     -> [{"traj_id", "task_id", "turn", "p_ans"}], in rollout then turn order.
     """
     found = [(traj, s) for traj in batch.trajectories for s in traj.turns if s.parsed.ok and bool(s.parsed.memory)]
-    prompts = [builder.scoring_prompt(traj.task.question, s.parsed.memory) for traj, s in found]
-    answers = [builder.answer_ids(traj.task.gold) for traj, _ in found]
+    items = [(traj.task.question, s.parsed.memory, traj.task.gold) for traj, s in found]
     device = next(policy.parameters()).device.type
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-        p = answer_probabilities(policy, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
+        p = memory_answer_probabilities(policy, builder, items, pad_id=pad_id, micro_batch_size=micro_batch_size)
     return [
         {"traj_id": traj.traj_id, "task_id": traj.task.task_id, "turn": s.turn_id, "p_ans": float(v)}
         for (traj, s), v in zip(found, p.tolist())

@@ -15,13 +15,9 @@ def summarize(batch: RolloutBatch, prefix: str = "val") -> dict[str, float]:
     """{prefix}/em, f1 (mean over tasks of the mean over objectives), format_fail, turns, tt, pt, reward."""
     trajs = batch.trajectories
     n = max(len(trajs), 1)
-
-    def mean_obj(t, k):
-        return sum(s[k] for s in t.scores) / max(len(t.scores), 1)
-
     return {
-        f"{prefix}/em": sum(mean_obj(t, 0) for t in trajs) / n,
-        f"{prefix}/f1": sum(mean_obj(t, 1) for t in trajs) / n,
+        f"{prefix}/em": sum(t.em for t in trajs) / n,
+        f"{prefix}/f1": sum(t.f1 for t in trajs) / n,
         f"{prefix}/reward": sum(t.reward for t in trajs) / n,
         f"{prefix}/format_fail": sum(not t.format_ok for t in trajs) / n,
         f"{prefix}/turns": sum(len(t.turns) for t in trajs) / n,

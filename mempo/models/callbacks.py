@@ -28,6 +28,9 @@ import torch
 from mempo.base import temp_sibling, write_csv
 from mempo.console import progress, say
 from mempo.data.tasks import Task
+from mempo.eval.evaluate import evaluate_agent
+from mempo.models.logprobs import token_logprobs
+from mempo.rollout.retrievers import RetrieverError
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
 CANARY_PROBE = "Question:\nWho founded the company that built the first lighthouse?\n\n<mem>"
@@ -65,8 +68,6 @@ class SamplerCallback(L.Callback):
     def check_weights(self, pl_module: L.LightningModule, step: int) -> float:
         """The weight canary (module docstring) -> the mean absolute log-prob difference; raises
         ``WeightCanaryError`` naming ``step`` above ``canary_tol``."""
-        from mempo.models.logprobs import token_logprobs
-
         t0 = time.perf_counter()
         prompt = list(pl_module.tokenizer(CANARY_PROBE, add_special_tokens=False)["input_ids"])
         params = SamplingConfig(max_new_tokens=self.canary_tokens, temperature=0.0, seed=0)
@@ -180,8 +181,6 @@ class StepCheckpoint(L.Callback):
         rollout, before the step touches the weights or the optimizer, so the state is that step's. Only on a
         single process: a save is collective under DDP and would hang if one rank alone failed (the periodic
         checkpoint stands there)."""
-        from mempo.rollout.retrievers import RetrieverError
-
         if isinstance(exception, RetrieverError) and trainer.world_size == 1:
             self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
 
@@ -260,8 +259,6 @@ class ValidationCallback(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        from mempo.eval.evaluate import evaluate_agent
-
         step = int(getattr(pl_module, "batches_done", trainer.global_step))
         if step % self.every_n_steps != 0:
             return

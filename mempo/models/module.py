@@ -21,7 +21,6 @@ validation EM 0, docs/results.md).
 from __future__ import annotations
 
 import random
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from mempo.base import one_of, require
+from mempo.base import one_of, require, timed
 from mempo.data.tasks import Task
 from mempo.losses import (
     AdvantageConfig,
@@ -44,8 +43,8 @@ from mempo.losses import (
     policy_objective,
 )
 from mempo.models.logprobs import token_logprobs
-from mempo.models.scoring import answer_probabilities, length_sorted_batches, sequence_logprobs
-from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect, rollout_metrics
+from mempo.models.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
+from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -161,15 +160,14 @@ class MemPOModule(L.LightningModule):
             return torch.zeros(len(samples)), valid, torch.zeros(len(samples))
         tasks = {t.group_id: t.task for t in batch.trajectories}
         group_order = sorted(tasks)
-        prompts = [self.builder.scoring_prompt(tasks[g].question, "") for g in group_order]
-        answers = [self.builder.answer_ids(tasks[g].gold) for g in group_order]
         mem_idx = [i for i, s in enumerate(samples) if valid[i]]
-        for i in mem_idx:
-            s = samples[i]
-            prompts.append(self.builder.scoring_prompt(tasks[s.group_id].question, s.parsed.memory))
-            answers.append(self.builder.answer_ids(tasks[s.group_id].gold))
-        p = answer_probabilities(
-            self.policy, prompts, answers, pad_id=self.pad_id, micro_batch_size=self.optim_cfg.micro_batch_size
+        items = [(tasks[g].question, "", tasks[g].gold) for g in group_order]  # each task's empty-memory baseline
+        items += [
+            (tasks[samples[i].group_id].question, samples[i].parsed.memory, tasks[samples[i].group_id].gold)
+            for i in mem_idx
+        ]
+        p = memory_answer_probabilities(
+            self.policy, self.builder, items, pad_id=self.pad_id, micro_batch_size=self.optim_cfg.micro_batch_size
         )
         p_empty_by_group = dict(zip(group_order, p[: len(group_order)].tolist()))
         p_mem = torch.zeros(len(samples))
@@ -196,20 +194,18 @@ class MemPOModule(L.LightningModule):
         """Whether a step runs the memory-scoring forward: for the advantage, or only to log P(ans | q, m)."""
         return self.uses_memory_rewards or self.memory_cfg.log_p_ans
 
-    def advantages(
-        self, x: dict[str, torch.Tensor], mem_rewards: torch.Tensor, mem_valid: torch.Tensor
-    ) -> torch.Tensor:
+    def advantages(self, x: TurnBatch, mem_rewards: torch.Tensor, mem_valid: torch.Tensor) -> torch.Tensor:
         """[N, T] token advantages of a batch (``RolloutBatch.to_tensors``) from the configured estimator (Eq. 9)."""
         return compute_advantages(
             AdvantageInputs(
-                rewards=x["rewards"],
-                group_ids=x["traj_group_ids"],
-                traj_ids=x["traj_ids"],
-                turn_ids=x["turn_ids"],
+                rewards=x.rewards,
+                group_ids=x.traj_group_ids,
+                traj_ids=x.traj_ids,
+                turn_ids=x.turn_ids,
                 mem_rewards=mem_rewards,
                 mem_valid=mem_valid,
-                response_mask=x["response_mask"],
-                mem_mask=x["mem_mask"],
+                response_mask=x.response_mask,
+                mem_mask=x.mem_mask,
             ),
             self.memory_cfg,
             self.advantage_cfg,
@@ -217,58 +213,65 @@ class MemPOModule(L.LightningModule):
 
     # ---------------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[Task], batch_idx: int) -> None:
+        """One MemPO step (the module docstring's flow); ``timings`` feed the perf/*_s metrics."""
         timings: dict[str, float] = {}
         self.last_task_ids = [t.task_id for t in batch]
-        t0 = time.perf_counter()
-        self.policy.eval()
-        rollouts = self.rollout(batch)
-        self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
-        timings["generate"] = time.perf_counter() - t0
-
-        t1 = time.perf_counter()
-        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
-        x = rollouts.to_tensors(self.pad_id)
-        adv = self.advantages(x, mem_r, mem_valid)
-        timings["score"] = time.perf_counter() - t1
-
-        t2 = time.perf_counter()
-        signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x["response_mask"])
-        old_logp, ref_logp = self._old_and_ref_logp(x) if signal else (None, None)
-        timings["logp"] = time.perf_counter() - t2
-
-        t3 = time.perf_counter()
-        update = self._update(x, adv, old_logp, ref_logp) if signal else self._no_update()
-        timings["update"] = time.perf_counter() - t3
-
+        with timed(timings, "generate"):
+            self.policy.eval()
+            rollouts = self.rollout(batch)  # G rollouts per task, R^T set
+            self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
+        with timed(timings, "score"):
+            mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)  # R^M [N] (Eq. 4, 5)
+            x = rollouts.to_tensors(self.pad_id)
+            adv = self.advantages(x, mem_r, mem_valid)  # [N, T] (Eq. 9)
+        signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
+        with timed(timings, "logp"):
+            old_logp, ref_logp = self._old_and_ref_logp(x) if signal else (None, None)
+        with timed(timings, "update"):
+            update = self._update(x, adv, old_logp, ref_logp) if signal else self._no_update()  # Eq. 10
         self.batches_done += 1
+        self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem)
+
+    def _log_step(
+        self,
+        rollouts: RolloutBatch,
+        x: TurnBatch,
+        adv: torch.Tensor,
+        update: dict[str, float],
+        timings: dict[str, float],
+        mem_r: torch.Tensor,
+        mem_valid: torch.Tensor,
+        p_mem: torch.Tensor,
+    ) -> None:
         gen_tokens = sum(s.generated_tokens for s in rollouts.samples)
         metrics = {
             **rollout_metrics(rollouts),
             **update,
-            "memory/adv_std": float(_mem_adv_std(adv, x["mem_mask"], x["response_mask"])),
+            "memory/adv_std": float(_mem_adv_std(adv, x.mem_mask, x.response_mask)),
             "perf/gen_tok_per_s": gen_tokens / max(timings["generate"], 1e-9),
             "perf/samples": float(len(rollouts.samples)),
-            "perf/tokens": float(x["attention_mask"].sum()),
-            "perf/response_tokens": float(x["response_mask"].sum()),
+            "perf/tokens": float(x.attention_mask.sum()),
+            "perf/response_tokens": float(x.response_mask.sum()),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
         if self.scores_memories:
             metrics["memory/p_ans_mean"] = float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0
             metrics["memory/reward_mean"] = float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0
         self.last_metrics = metrics
-        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
-        self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=len(batch))
+        n_tasks = len(rollouts.trajectories) // self.group_size
+        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=n_tasks)
+        self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=n_tasks)
 
-    def _old_and_ref_logp(self, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _old_and_ref_logp(self, x: TurnBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Old log-probs (the sampler's, or a no-grad recompute) and reference log-probs (only with a KL term)."""
         # Only response tokens are scored: the loss and the KL never read a prompt position's log-prob.
         score_args = {
-            "input_ids": x["input_ids"],
-            "attention_mask": x["attention_mask"],
+            "input_ids": x.input_ids,
+            "attention_mask": x.attention_mask,
             "micro_batch_size": self.optim_cfg.micro_batch_size,
-            "score_mask": x["response_mask"],
+            "score_mask": x.response_mask,
         }
-        old_logp = x["sampler_logp"]
+        old_logp = x.sampler_logp
         if self.optim_cfg.old_logp == "recompute":
             old_logp = sequence_logprobs(self.policy, **score_args)
         ref_logp = sequence_logprobs(self.reference, **score_args) if self.loss_cfg.kl_coef > 0 else None
@@ -306,13 +309,13 @@ class MemPOModule(L.LightningModule):
         }
 
     def _update(
-        self, x: dict[str, torch.Tensor], adv: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None
+        self, x: TurnBatch, adv: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None
     ) -> dict[str, float]:
         opt = self.optimizers()
         sched = self.lr_schedulers()
         self.policy.train()
-        weights = loss_weights(x["response_mask"], self.loss_cfg.agg, traj_ids=x["traj_ids"])  # [N, T]
-        lengths = x["attention_mask"].sum(-1).tolist()
+        weights = loss_weights(x.response_mask, self.loss_cfg.agg, traj_ids=x.traj_ids)  # [N, T]
+        lengths = x.attention_mask.sum(-1).tolist()
         sums: dict[str, float] = {}
         skipped = 0
         grad_norm = torch.tensor(0.0)
@@ -327,24 +330,24 @@ class MemPOModule(L.LightningModule):
                     return t[sl].to(self.device)
 
                 logp = token_logprobs(
-                    self.policy, mb(x["input_ids"]), mb(x["attention_mask"]), score_mask=mb(x["response_mask"])
+                    self.policy, mb(x.input_ids), mb(x.attention_mask), score_mask=mb(x.response_mask)
                 )
                 loss, m = policy_objective(
                     logp,
                     mb(old_logp),
                     mb(adv),
-                    mb(x["response_mask"]),
+                    mb(x.response_mask),
                     self.loss_cfg,
                     ref_logp=None if ref_logp is None else mb(ref_logp),
                     weights=mb(weights),
-                    sampler_logp=mb(x["sampler_logp"]),
+                    sampler_logp=mb(x.sampler_logp),
                 )
                 # Data parallel: ranks hold different numbers of micro-batches, so gradients are synchronized
                 # only by each rank's last backward (one per rank per pass); earlier ones accumulate locally.
                 with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
-                share = float(mb(x["response_mask"]).sum()) / max(float(x["response_mask"].sum()), 1.0)
+                share = float(mb(x.response_mask).sum()) / max(float(x.response_mask.sum()), 1.0)
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
                 sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up

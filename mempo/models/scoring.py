@@ -6,29 +6,20 @@ stays small and no forward sees more than ``micro_batch_size`` rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from mempo.losses import answer_probability
 from mempo.models.logprobs import token_logprobs
+from mempo.padding import right_pad
 
 
 def length_sorted_batches(lengths: Sequence[int], micro_batch_size: int) -> list[list[int]]:
     """Indices grouped into micro-batches of similar length (longest first)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
-
-
-def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Right-pad -> input_ids, attention_mask [B, T]."""
-    t_len = max(len(r) for r in rows)
-    ids = torch.full((len(rows), t_len), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), t_len, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-        mask[i, : len(r)] = True
-    return ids, mask
 
 
 @torch.no_grad()
@@ -49,13 +40,37 @@ def answer_probabilities(
     device = next(model.parameters()).device
     lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
     for idx in length_sorted_batches(lengths, micro_batch_size):
-        ids, mask = _pad([list(prompts[i]) + list(answers[i]) for i in idx], pad_id)
+        ids, mask = right_pad([list(prompts[i]) + list(answers[i]) for i in idx], pad_id)
         ans_mask = torch.zeros_like(mask)
         for row, i in enumerate(idx):
             ans_mask[row, len(prompts[i]) : lengths[i]] = True
         logp = token_logprobs(model, ids.to(device), mask.to(device), score_mask=ans_mask.to(device))  # [B, T]
         out[idx] = answer_probability(logp.float().cpu(), ans_mask).float()
     return out
+
+
+class ScoringPrompts(Protocol):
+    """What memory scoring needs of the prompt builder (``mempo.rollout.prompts.PromptBuilder``)."""
+
+    def scoring_prompt(self, question: str, memory: str) -> list[int]: ...
+
+    def answer_ids(self, gold: str) -> list[int]: ...
+
+
+def memory_answer_probabilities(
+    model: torch.nn.Module,
+    builder: ScoringPrompts,
+    items: Sequence[tuple[str, str, str]],
+    *,
+    pad_id: int,
+    micro_batch_size: int = 16,
+) -> Tensor:
+    """[M] P(gold | q, m) (Eq. 4) of each (question, memory, gold) under ``model``: the scoring context holds only
+    the question and the memory ("" for the empty-memory baseline of Eq. 5). RL's memory rewards and the
+    evaluation's memory analysis both score through here."""
+    prompts = [builder.scoring_prompt(question, memory) for question, memory, _ in items]
+    answers = [builder.answer_ids(gold) for _, _, gold in items]
+    return answer_probabilities(model, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from mempo.base import one_of, require
 from mempo.data.tasks import Task
 from mempo.models.logprobs import token_logprobs
+from mempo.padding import place, right_pad
 from mempo.rollout.agent import Env, next_context
 from mempo.rollout.format import Tags, parse_turn
 from mempo.rollout.prompts import PromptBuilder, TurnContext
@@ -87,15 +88,9 @@ class SFTDataset(Dataset):
 
 def collate_sft(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """-> input_ids, attention_mask, target_mask [B, T] (right padding; target = the teacher's turn tokens)."""
-    t_len = max(len(e.prompt_ids) + len(e.target_ids) for e in batch)
-    ids = torch.full((len(batch), t_len), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(batch), t_len, dtype=torch.bool)
-    target = torch.zeros(len(batch), t_len, dtype=torch.bool)
-    for i, e in enumerate(batch):
-        p, n = len(e.prompt_ids), len(e.target_ids)
-        ids[i, : p + n] = torch.tensor(e.prompt_ids + e.target_ids)
-        attn[i, : p + n] = True
-        target[i, p : p + n] = True
+    ids, attn = right_pad([e.prompt_ids + e.target_ids for e in batch], pad_id)
+    starts = [len(e.prompt_ids) for e in batch]
+    target = place([[True] * len(e.target_ids) for e in batch], starts, ids.shape[1], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attn, "target_mask": target}
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from mempo.data.tasks import Task
+from mempo.padding import place, right_pad
 from mempo.rollout.format import ParsedTurn, Tags, parse_turn
 from mempo.rollout.masks import decode_with_offsets, mem_token_mask
 from mempo.rollout.prompts import PromptBuilder, TurnContext
@@ -94,6 +95,16 @@ class Trajectory:
         return self.finish in ("answer", "max_turns")
 
     @property
+    def em(self) -> float:
+        """Exact match, the mean over the task's objectives (0 before scoring)."""
+        return sum(e for e, _ in self.scores) / max(len(self.scores), 1)
+
+    @property
+    def f1(self) -> float:
+        """Token F1, the mean over the task's objectives (0 before scoring)."""
+        return sum(f for _, f in self.scores) / max(len(self.scores), 1)
+
+    @property
     def memories(self) -> list[str]:
         return [t.parsed.memory for t in self.turns if t.parsed.memory]
 
@@ -116,39 +127,45 @@ class RolloutBatch:
     def samples(self) -> list[TurnSample]:
         return [s for t in self.trajectories for s in t.turns]
 
-    def to_tensors(self, pad_id: int) -> dict[str, torch.Tensor]:
-        """Right-padded training tensors of all turn samples.
-
-        input_ids, attention_mask, response_mask, mem_mask, sampler_logp: [N, T] (sampler_logp at the position of
-        the token it scores); traj_ids, group_ids, turn_ids: [N]; rewards: [R]; traj_group_ids: [R].
-        """
+    def to_tensors(self, pad_id: int) -> TurnBatch:
+        """The right-padded training tensors of all turn samples."""
         samples = self.samples
-        n = len(samples)
-        t_len = max((len(s.prompt_ids) + len(s.response_ids) for s in samples), default=0)
-        input_ids = torch.full((n, t_len), pad_id, dtype=torch.long)
-        attention = torch.zeros(n, t_len, dtype=torch.bool)
-        response = torch.zeros(n, t_len, dtype=torch.bool)
-        mem = torch.zeros(n, t_len, dtype=torch.bool)
-        logp = torch.zeros(n, t_len, dtype=torch.float32)
-        for i, s in enumerate(samples):
-            p, r = len(s.prompt_ids), len(s.response_ids)
-            input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
-            attention[i, : p + r] = True
-            response[i, p : p + r] = True
-            mem[i, p : p + r] = torch.tensor(s.mem_mask, dtype=torch.bool)
-            logp[i, p : p + r] = torch.tensor(s.sampler_logp, dtype=torch.float32)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention,
-            "response_mask": response,
-            "mem_mask": mem,
-            "sampler_logp": logp,
-            "traj_ids": torch.tensor([s.traj_id for s in samples], dtype=torch.long),
-            "group_ids": torch.tensor([s.group_id for s in samples], dtype=torch.long),
-            "turn_ids": torch.tensor([s.turn_id for s in samples], dtype=torch.long),
-            "rewards": torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32),
-            "traj_group_ids": torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long),
-        }
+        ids, attention = right_pad([s.prompt_ids + s.response_ids for s in samples], pad_id)
+        starts, t_len = [len(s.prompt_ids) for s in samples], ids.shape[1]
+        return TurnBatch(
+            input_ids=ids,
+            attention_mask=attention,
+            response_mask=place([[True] * len(s.response_ids) for s in samples], starts, t_len, dtype=torch.bool),
+            mem_mask=place([s.mem_mask for s in samples], starts, t_len, dtype=torch.bool),
+            sampler_logp=place([s.sampler_logp for s in samples], starts, t_len, dtype=torch.float32),
+            traj_ids=torch.tensor([s.traj_id for s in samples], dtype=torch.long),
+            group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.long),
+            turn_ids=torch.tensor([s.turn_id for s in samples], dtype=torch.long),
+            rewards=torch.tensor([t.reward for t in self.trajectories], dtype=torch.float32),
+            traj_group_ids=torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long),
+        )
+
+
+@dataclass(frozen=True)
+class TurnBatch:
+    """A batch of turn samples as training tensors (``RolloutBatch.to_tensors``); N samples, R trajectories.
+
+    input_ids, attention_mask: [N, T] each sample's prompt then its sampled tokens, right-padded.
+    response_mask: [N, T] the sampled tokens (they get gradient); mem_mask: [N, T] those inside <mem>...</mem>.
+    sampler_logp: [N, T] the engine's log-prob of each sampled token, at that token's position.
+    traj_ids, group_ids, turn_ids: [N]; rewards, traj_group_ids: [R] (R^T and the task of each trajectory).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    mem_mask: torch.Tensor
+    sampler_logp: torch.Tensor
+    traj_ids: torch.Tensor
+    group_ids: torch.Tensor
+    turn_ids: torch.Tensor
+    rewards: torch.Tensor
+    traj_group_ids: torch.Tensor
 
 
 def _clip_to_stop(text: str, stops: Sequence[str], last_token_start: int) -> str:
@@ -288,8 +305,8 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
         "rollout/format_ok": sum(t.format_ok for t in trajs) / n,
         "rollout/answered": sum(t.finish == "answer" for t in trajs) / n,
         "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
-        "rollout/em_mean": sum(sum(e for e, _ in t.scores) / max(len(t.scores), 1) for t in trajs) / n,
-        "rollout/f1_mean": sum(sum(f for _, f in t.scores) / max(len(t.scores), 1) for t in trajs) / n,
+        "rollout/em_mean": sum(t.em for t in trajs) / n,
+        "rollout/f1_mean": sum(t.f1 for t in trajs) / n,
         "rollout/tt_mean": sum(t.total_tokens for t in trajs) / n,
         "rollout/pt_mean": sum(t.peak_tokens for t in trajs) / n,
         "memory/tokens_mean": sum(sum(s.mem_mask) for s in samples) / max(len(samples), 1),

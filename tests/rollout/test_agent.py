@@ -89,14 +89,14 @@ def test_samples_carry_exact_ids_logprobs_masks_and_counts(builder, env):
             assert "<think>" not in masked
     x = batch.to_tensors(tok.pad_token_id)
     n = len(batch.samples)
-    assert x["input_ids"].shape == x["response_mask"].shape == x["mem_mask"].shape == x["sampler_logp"].shape
-    assert x["input_ids"].shape[0] == n and x["traj_ids"].shape == (n,) and x["rewards"].shape == (2,)
+    assert x.input_ids.shape == x.response_mask.shape == x.mem_mask.shape == x.sampler_logp.shape
+    assert x.input_ids.shape[0] == n and x.traj_ids.shape == (n,) and x.rewards.shape == (2,)
     for i, s in enumerate(batch.samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        assert x["input_ids"][i, p : p + r].tolist() == s.response_ids
-        assert x["response_mask"][i].sum() == r and bool(x["response_mask"][i, p]) and not x["response_mask"][i, p - 1]
-        assert not (x["mem_mask"][i] & ~x["response_mask"][i]).any()
-    assert x["turn_ids"].tolist() == [1, 2, 3, 1, 2, 3]
+        assert x.input_ids[i, p : p + r].tolist() == s.response_ids
+        assert x.response_mask[i].sum() == r and bool(x.response_mask[i, p]) and not x.response_mask[i, p - 1]
+        assert not (x.mem_mask[i] & ~x.response_mask[i]).any()
+    assert x.turn_ids.tolist() == [1, 2, 3, 1, 2, 3]
 
 
 def test_a_malformed_turn_ends_only_its_rollout(builder, env):
@@ -194,5 +194,5 @@ def test_real_smollm2_through_vllm_on_the_synthetic_world(smollm2_path):
                 assert s.parsed.mem_span is not None
             assert traj.task.objectives[0].question in tok.decode(s.prompt_ids)
     x = batch.to_tensors(tok.pad_token_id)
-    assert x["response_mask"].sum() == sum(len(s.response_ids) for s in batch.samples)
-    assert torch.isfinite(x["sampler_logp"]).all()
+    assert x.response_mask.sum() == sum(len(s.response_ids) for s in batch.samples)
+    assert torch.isfinite(x.sampler_logp).all()

@@ -33,6 +33,6 @@ def test_zero_adv_groups(groups: list[list[float]], expected: float) -> None:
     assert rollout_metrics(b)["rollout/zero_adv_groups"] == pytest.approx(expected)
     # Independently: the groups the metric counts are exactly those whose GRPO advantages are all 0.
     x = b.to_tensors(pad_id=0)
-    adv = grpo_advantage(x["rewards"], x["traj_group_ids"])
-    zero = [bool((adv[x["traj_group_ids"] == g] == 0).all()) for g in range(len(groups))]
+    adv = grpo_advantage(x.rewards, x.traj_group_ids)
+    zero = [bool((adv[x.traj_group_ids == g] == 0).all()) for g in range(len(groups))]
     assert sum(zero) / len(groups) == pytest.approx(expected)
