@@ -36,7 +36,7 @@ STAGES = ("rl", "sft", "eval", "demo", "headline")  # mempo.stages
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Config group ``trainer``: the keyword arguments of ``lightning.Trainer`` a run sets (``entry.make_trainer``).
+    """Config group ``trainer``: keyword arguments of ``lightning.Trainer`` (``mempo.stages.train.make_trainer``).
 
     precision: a Lightning precision, or auto: bf16-mixed on GPUs and on CPUs with native bf16, else 32-true.
     """

@@ -115,7 +115,7 @@ def prompt_texts() -> list[str]:
     return ["The capital of France is", "One, two, three, four,", "Hi"]
 
 
-@register_advantage("test_signed", needs_memory_scores=False)
+@register_advantage("test_signed", needs_memory_scores=True)  # memories scored, as for MemPO
 def _signed_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: +1 on every response token of even trajectories, -1 on odd ones. A nonzero learning signal
     that does not depend on a random or tiny model ever answering correctly (fits that must move the policy)."""

@@ -23,7 +23,7 @@ from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, registe
 from mempo.stages.train import fit_rl
 
 
-@register_advantage("probe_signed", needs_memory_scores=False)
+@register_advantage("probe_signed", needs_memory_scores=True)  # memories scored, as for MemPO
 def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
     return sign[:, None] * x.response_mask.float()

@@ -224,8 +224,8 @@ class MemPOModule(L.LightningModule):
             mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)  # R^M [N] (Eq. 4, 5)
             x = rollouts.to_tensors(self.pad_id)
             adv = self.advantages(x, mem_r, mem_valid)  # [N, T] (Eq. 9)
-        signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
         with timed(timings, "logp"):
+            signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
             old_logp, ref_logp = self._old_and_ref_logp(x) if signal else (None, None)
         with timed(timings, "update"):
             update = self._update(x, adv, old_logp, ref_logp) if signal else self._no_update()  # Eq. 10

@@ -228,7 +228,7 @@ def collect(
     builder: PromptBuilder,
     config: AgentConfig,
     *,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig,
     include_tags: bool = True,
     reward_kind: str = "all_em",
 ) -> RolloutBatch:

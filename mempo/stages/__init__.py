@@ -78,7 +78,8 @@ class Step:
 
 
 def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:
-    """Run (or reuse) every step in order -> label -> {"summary", "status" (ran | reused), "seconds", "run_dir"}."""
+    """Run (or reuse) every step in order -> label -> {"summary", "status" (trained | reused), "seconds", "run_dir"}
+    ("trained" for a step that ran, whatever its stage)."""
     out = run_path(cfg)
     done: dict[str, dict[str, Any]] = {}
     for i, step in enumerate(steps, start=1):
@@ -92,7 +93,7 @@ def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any
         else:
             say(f"[mempo] {i}/{len(steps)} {step.label}: {step.title}")
             sub = with_overrides(cfg, {"stage": step.stage, "run_dir": str(run_dir), **step.overrides})
-            summary, status = STAGES[step.stage](sub), "ran"
+            summary, status = STAGES[step.stage](sub), "trained"
         done[step.label] = {
             "summary": summary,
             "status": status,

@@ -27,6 +27,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """``run_eval`` and its interval table on the console."""
     result = run_eval(cfg)
     say("\n" + Path(result["out"], "intervals.md").read_text().rstrip("\n"))
+    if Path(result["out"], "failures.md").is_file():
+        say(
+            "\nFailure verdicts per objective (mempo.eval.failures):\n\n"
+            + Path(result["out"], "failures.md").read_text()
+        )
     say(f"[mempo] eval outputs: {result['out']} (table.md, failures.md, results.jsonl, figures)")
     return result
 

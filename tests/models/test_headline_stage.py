@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import mempo.models.sft
+import mempo.stages.train
 from mempo.config import compose_config
 from mempo.eval.headline import HEADLINE_COLUMNS
 from mempo.eval.report import read_records
@@ -28,15 +28,15 @@ OVERRIDES = ["+exp=headline_quick", "+debug=default"]  # debug: N in [1, 2], 2 t
 
 
 def spy_on_sft_examples(mp: pytest.MonkeyPatch) -> list[dict]:
-    """Record the context and the teacher turns of every ``build_sft_examples`` call (train_sft imports it late)."""
+    """Record the context and the teacher turns of every ``build_sft_examples`` call (the sft stage's own name)."""
     calls: list[dict] = []
-    real = mempo.models.sft.build_sft_examples
+    real = mempo.stages.train.build_sft_examples
 
     def spy(trajectories, *args, **kw):
         calls.append({"context": kw["context"], "teacher": [(t.task_id, list(turns)) for t, turns in trajectories]})
         return real(trajectories, *args, **kw)
 
-    mp.setattr(mempo.models.sft, "build_sft_examples", spy)
+    mp.setattr(mempo.stages.train, "build_sft_examples", spy)
     return calls
 
 

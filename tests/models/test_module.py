@@ -91,8 +91,8 @@ def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):
     a_grpo = grpo.advantages(x, mem_r, valid)
     a_mempo = mempo.advantages(x, mem_r, valid)
     assert torch.equal(a_nomem, a_grpo)
-    assert_close(a_grpo[x["response_mask"]].abs(), torch.full_like(a_grpo[x["response_mask"]], 1 / (2**0.5 + 1e-6)))
-    on_mem = x["mem_mask"] & x["response_mask"]
+    assert_close(a_grpo[x.response_mask].abs(), torch.full_like(a_grpo[x.response_mask], 1 / (2**0.5 + 1e-6)))
+    on_mem = x.mem_mask & x.response_mask
     assert not torch.equal(a_mempo[on_mem], a_grpo[on_mem])  # the memory advantage is really on in MemPO
     assert torch.equal(a_mempo[~on_mem], a_grpo[~on_mem])
     # Without the memory advantage the scoring forward is skipped, and the advantages do not change.
@@ -121,7 +121,7 @@ def test_memory_rewards_follow_the_baseline_switch(make_cfg, baseline):
         assert_close(p_mem - mem_r, (p_mem - mem_r)[:1].expand(len(p_mem)))  # one eps per task
 
 
-@register_advantage("test_nan", needs_memory_scores=False)
+@register_advantage("test_nan", needs_memory_scores=True)  # memories scored, as for MemPO
 def _nan_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: a NaN advantage on every token (a numerics fault injected into the loss)."""
     return torch.full(x.response_mask.shape, float("nan"))

@@ -21,6 +21,7 @@ from mempo.rollout.env import SearchEnv
 from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
+from mempo.rollout.sampler import SamplingConfig
 from mempo.stages import run_stage
 
 
@@ -32,7 +33,10 @@ def tiny(tiny_path):
 def loop_and_replay(tokenizer, context: str):
     builder = PromptBuilder(tokenizer, Tags())
     env = SearchEnv(BM25Retriever(CORPUS), tokenizer, topk=1, max_passage_tokens=32)
-    batch = collect(ScriptedSampler(tokenizer, oracle_script), env, [TASK, TASK_B], 1, builder, AgentConfig(context))
+    sampler = ScriptedSampler(tokenizer, oracle_script)
+    batch = collect(
+        sampler, env, [TASK, TASK_B], 1, builder, AgentConfig(context), sampling=SamplingConfig(max_new_tokens=256)
+    )
     assert [t.finish for t in batch.trajectories] == ["answer", "answer"]
     teacher = [(t.task, [s.text for s in t.turns]) for t in batch.trajectories]
     examples = build_sft_examples(teacher, builder, env, context=context)

@@ -112,7 +112,7 @@ def test_memory_rewards_and_advantages_match_plain_forwards(make_cfg, baseline):
         for k in range(len(s.response_ids)):
             expected[i, p + k] = a_traj[s.traj_id] + (a_mem[i] if s.mem_mask[k] else 0.0)
     assert_close(adv, expected)
-    assert not adv[~x["response_mask"]].any()  # prompt and padding carry no advantage
+    assert not adv[~x.response_mask].any()  # prompt and padding carry no advantage
 
 
 # ------------------------------------------------------------------------------------------- on-policy ratio
@@ -182,7 +182,7 @@ def test_micro_batches_of_one_give_the_full_batch_gradients(make_cfg, tmp_path, 
 
 
 # ---------------------------------------------------------------------------------------- update direction, KL
-@register_advantage("test_zero", needs_memory_scores=False)
+@register_advantage("test_zero", needs_memory_scores=True)  # memories scored, as for MemPO
 def _zero_advantage(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
     """Test estimator: no policy-gradient signal at all (only the KL term moves the policy)."""
     return torch.zeros(x.response_mask.shape)
@@ -284,7 +284,7 @@ def test_segmented_trajectories_count_once_and_groups_follow_the_task(make_cfg):
         adv = module.advantages(x, torch.zeros(n), torch.zeros(n, dtype=torch.bool))
         out = {}
         for i, s in enumerate(batch.samples):
-            values = adv[i][x["response_mask"][i]]
+            values = adv[i][x.response_mask[i]]
             assert_close(values, values[:1].expand_as(values))  # one value on every token of the turn
             key = spec[s.traj_id]  # the entries of SEGMENTED are distinct
             out.setdefault(key, float(values[0]))

@@ -19,6 +19,8 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever, Passage
 from mempo.rollout.sampler import SamplingConfig
 
+SAMPLING = SamplingConfig(max_new_tokens=256)  # every turn's generation parameters (the scripted samplers ignore them)
+
 
 @pytest.fixture(scope="module")
 def env(smollm2_tokenizer) -> SearchEnv:
@@ -32,7 +34,7 @@ def builder(smollm2_tokenizer) -> PromptBuilder:
 
 def run(builder, env, script, tasks=(TASK,), group_size=2, **agent_kwargs):
     sampler = ScriptedSampler(builder.tokenizer, script)
-    batch = collect(sampler, env, list(tasks), group_size, builder, AgentConfig(**agent_kwargs))
+    batch = collect(sampler, env, list(tasks), group_size, builder, AgentConfig(**agent_kwargs), sampling=SAMPLING)
     return batch, sampler
 
 

@@ -18,6 +18,8 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
 from mempo.rollout.sampler import Generation, SamplingConfig
 
+SAMPLING = SamplingConfig(max_new_tokens=256)  # every turn's generation parameters (the scripted samplers ignore them)
+
 ANSWER_TURN = format_turn("Q1: 1931.", "done", "answer", "1931")  # ends with "</answer>"
 
 
@@ -51,7 +53,7 @@ def fused_stop_tokens(tokenizer) -> list[int]:
 def test_a_stop_string_inside_the_last_token_is_clipped_and_answers(parts):
     builder, env = parts
     ids = fused_stop_tokens(builder.tokenizer)
-    batch = collect(FixedTokens(ids, "stop"), env, [TASK_B], 1, builder, AgentConfig(max_turns=2))
+    batch = collect(FixedTokens(ids, "stop"), env, [TASK_B], 1, builder, AgentConfig(max_turns=2), sampling=SAMPLING)
     traj = batch.trajectories[0]
     assert traj.finish == "answer" and traj.answer == "1931" and traj.reward == 1.0
     assert traj.turns[0].response_ids == ids  # the sampled tokens stay exactly as sampled
