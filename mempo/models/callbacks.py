@@ -185,7 +185,21 @@ class StepCheckpoint(L.Callback):
             self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
 
 
-class MetricsFile(L.Callback):
+class StepTimer(L.Callback):
+    """``step_seconds()``: the wall time since this step's batch started (callbacks run in their list order)."""
+
+    step_start = 0.0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.step_start = time.perf_counter()
+
+    def step_seconds(self) -> float:
+        return time.perf_counter() - self.step_start
+
+
+class MetricsFile(StepTimer):
     """Appends one row per RL step (``pl_module.last_metrics`` plus ``step`` and ``perf/step_s``, the step's wall
     time from batch start to the end of the callbacks placed before this one: rollout, update, weight push,
     validation) to ``metrics.csv``. On resume, rows of steps after the checkpoint (written before a crash) are
@@ -195,7 +209,6 @@ class MetricsFile(L.Callback):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.step_start = 0.0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or not self.path.exists():
@@ -206,18 +219,13 @@ class MetricsFile(L.Callback):
         if len(kept) != len(rows):
             self._rewrite(kept)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.step_start = time.perf_counter()
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not trainer.is_global_zero:
             return
         row = {"step": int(getattr(pl_module, "batches_done", trainer.global_step)), **pl_module.last_metrics}
-        row["perf/step_s"] = time.perf_counter() - self.step_start
+        row["perf/step_s"] = self.step_seconds()
         header = self._header()
         if header is not None and all(k in header for k in row):
             with self.path.open("a", newline="") as f:
@@ -277,7 +285,7 @@ class ValidationCallback(L.Callback):
         pl_module.log_dict(metrics, on_step=True, batch_size=len(self.tasks))
 
 
-class PhaseProgress(L.Callback):
+class PhaseProgress(StepTimer):
     """A phase's progress bar over its steps (``mempo.console.progress``: drawn on a terminal only) and the console
     line ``line`` returns after each step (None: no line). Rank zero only."""
 
@@ -286,7 +294,6 @@ class PhaseProgress(L.Callback):
     def __init__(self, total: int) -> None:
         self.total = total
         self.bar: Any = None
-        self.step_start = 0.0
 
     def done(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
         return trainer.global_step
@@ -298,17 +305,12 @@ class PhaseProgress(L.Callback):
         if trainer.is_global_zero:
             self.bar = progress(self.desc, self.total, initial=self.done(trainer, pl_module))
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.step_start = time.perf_counter()
-
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.bar is None:
             return
-        seconds = time.perf_counter() - self.step_start
+        seconds = self.step_seconds()
         step = self.done(trainer, pl_module)
         text = self.line(trainer, pl_module, step, seconds)  # before the update, which redraws a postfix it sets
         self.bar.update(step - self.bar.n)
