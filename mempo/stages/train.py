@@ -203,6 +203,8 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     policy, tokenizer = load_policy(
         resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code
     )
+    if m.gradient_checkpointing:  # long full-history examples: activations of one layer at a time in backward
+        policy.gradient_checkpointing_enable()
     if s.trajectories:
         trajectories = load_trajectories_jsonl(s.trajectories)
     else:  # one task set per entry of sft.objectives (e.g. [1, 2]: single- and two-question tasks mixed)
