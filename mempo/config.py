@@ -180,7 +180,10 @@ def register_schema() -> None:
 def validate_config(cfg: DictConfig) -> DictConfig:
     """Merge a composed config into ``RootConfig`` (unknown keys and wrong types raise, naming the key), then build
     every group's dataclass once, which runs its range and choice checks. Returns the typed, read-only config."""
-    cfg = OmegaConf.merge(schema(), cfg)  # raises ConfigKeyError / ValidationError naming the full key
+    # As plain containers: a config Hydra composed onto mempo_schema is typed already, and OmegaConf cannot merge a
+    # typed dict into a null Optional[Dict] node (eval.checkpoints={...} from the command line).
+    plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
+    cfg = OmegaConf.merge(schema(), plain)  # raises ConfigKeyError / ValidationError naming the full key
     OmegaConf.to_object(cfg)  # each group's __post_init__: ValueError naming "config key group.key=value"
     OmegaConf.set_readonly(cfg, True)
     return cfg

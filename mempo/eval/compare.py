@@ -46,7 +46,8 @@ class EvalConfig:
     objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
     agents: list[str] = field(default_factory=lambda: list(CONTEXT_MODES))
     greedy: bool = True
-    checkpoints: dict[str, str] | None = None
+    # Any: a typed Optional[Dict] node that is null cannot take a {label: folder} override (OmegaConf merges into it)
+    checkpoints: Any = None
     every_n_steps: int = 0
     turn_slack: int | None = 1
     score_memories: bool = True
@@ -59,6 +60,7 @@ class EvalConfig:
             self,
             [
                 ("num_tasks", self.num_tasks >= 1, "must be >= 1"),
+                ("checkpoints", self.checkpoints is None or isinstance(self.checkpoints, Mapping), "must be a mapping"),
                 ("objectives", len(self.objectives) > 0 and min(self.objectives) >= 1, "must be >= 1 each"),
                 (
                     "agents",

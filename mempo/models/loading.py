@@ -66,14 +66,8 @@ class ModelConfig:
     train_top_layers: int | None = None
 
     def __post_init__(self) -> None:
-        require(
-            "model",
-            self,
-            [
-                ("dtype", self.dtype in _DTYPES, one_of(_DTYPES)),
-                ("train_top_layers", self.train_top_layers is None or self.train_top_layers >= 1, "must be >= 1"),
-            ],
-        )
+        # train_top_layers is checked against the loaded model's depth (``train_top_layers``).
+        require("model", self, [("dtype", self.dtype in _DTYPES, one_of(_DTYPES))])
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
