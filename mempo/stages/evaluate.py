@@ -26,12 +26,10 @@ from mempo.stages import stage
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """``run_eval`` and its interval table on the console."""
     result = run_eval(cfg)
-    say("\n" + Path(result["out"], "intervals.md").read_text().rstrip("\n"))
-    if Path(result["out"], "failures.md").is_file():
-        say(
-            "\nFailure verdicts per objective (mempo.eval.failures):\n\n"
-            + Path(result["out"], "failures.md").read_text()
-        )
+    failures = Path(result["out"], "failures.md")
+    if failures.is_file():
+        say("\nFailure verdicts per objective (mempo.eval.failures):\n\n" + failures.read_text().rstrip("\n"))
+    say("\n" + Path(result["out"], "intervals.md").read_text().rstrip("\n") + "\n")  # the table, last
     say(f"[mempo] eval outputs: {result['out']} (table.md, failures.md, results.jsonl, figures)")
     return result
 
