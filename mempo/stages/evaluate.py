@@ -62,6 +62,9 @@ def run_eval(
     chains = None
     if cfg.data.source == "synthetic":
         chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
+    agent = group(cfg, "agent")
+    sampling = group(cfg, "sampler").sampling(seed=cfg.seed, greedy=evaluation.greedy)  # per-label copies keep greedy
+    bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
     total = GridResult([], [], [])
     folders = checkpoint_folders(cfg)
     rows = sum(len(per_label.get(label, evaluation).agents) for label in folders) * len(evaluation.objectives)
@@ -84,15 +87,15 @@ def run_eval(
                 build_env(cfg, tokenizer),
                 build_builder(cfg, tokenizer),
                 tasks_by_n,
-                group(cfg, "agent"),
-                group(cfg, "sampler").sampling(seed=cfg.seed, greedy=ev.greedy),
+                agent,
+                sampling,
                 ev,
                 checkpoint=label,
                 reward_kind=cfg.reward.kind,
                 include_tags=cfg.memory.include_tags,
                 policy=policy if ev.score_memories else None,
                 pad_id=pad_id,
-                bf16=resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16"),
+                bf16=bf16,
                 chains=chains,
                 on_row=on_row,
             )
