@@ -30,8 +30,25 @@ from mempo.rollout.prompts import PromptBuilder, TurnContext
 
 @dataclass(frozen=True)
 class SFTExample:
+    """One teacher turn: the prompt the agent loop would build and the teacher's turn tokens."""
+
     prompt_ids: list[int]
     target_ids: list[int]
+    trajectory: int = 0  # index of the teacher trajectory it comes from
+
+
+@dataclass(frozen=True)
+class SFTSequence:
+    """One training row: token ids, which of them carry loss, and how many teacher turns they hold."""
+
+    input_ids: list[int]
+    target_mask: list[bool]
+    turns: int = 1
+
+    @classmethod
+    def of(cls, example: SFTExample) -> SFTSequence:
+        ids = example.prompt_ids + example.target_ids
+        return cls(ids, [False] * len(example.prompt_ids) + [True] * len(example.target_ids))
 
 
 def build_sft_examples(
@@ -62,7 +79,7 @@ def build_sft_examples(
                 raise ValueError(f"teacher trajectory {task.task_id!r} turn {turn_i + 1}: {parsed.error}")
             ids = builder.tokenizer(text, add_special_tokens=False)["input_ids"]
             prompt = builder.prompt(ctx, context, keep_previous_turn=keep_previous_turn)
-            examples.append(SFTExample(prompt, list(ids)))
+            examples.append(SFTExample(prompt, list(ids), traj_i))
             if parsed.action == "search":
                 if turn_i + 1 >= len(turns):
                     raise ValueError(f"teacher trajectory {task.task_id!r} ends with a search (turn {turn_i + 1})")
@@ -73,24 +90,51 @@ def build_sft_examples(
     return examples
 
 
+def pack_turns(examples: Sequence[SFTExample], *, pack: bool = True) -> list[SFTSequence]:
+    """One row per teacher turn, or (``pack``) each trajectory's consecutive turns merged into one row wherever a
+    turn's prompt starts with the previous row's tokens, as full-history prompts do (each appends the last turn and
+    its tool result). A causal model then reads, before every target token, exactly the tokens it reads in the
+    turn's own row, so the loss per target token is unchanged while the shared prefix is read once, not once per
+    turn. Memory prompts are rewritten every turn and are never merged. Rows keep the first-seen trajectory order.
+    """
+    if not pack:
+        return [SFTSequence.of(e) for e in examples]
+    by_traj: dict[int, list[SFTExample]] = {}
+    for e in examples:
+        by_traj.setdefault(e.trajectory, []).append(e)
+    rows: list[SFTSequence] = []
+    for turns in by_traj.values():
+        ids, mask, n = list(turns[0].prompt_ids), [False] * len(turns[0].prompt_ids), 0
+        for e in turns:
+            if e.prompt_ids[: len(ids)] != ids:  # not an extension of the row: close it, start a new one
+                rows.append(SFTSequence(ids, mask, n))
+                ids, mask, n = [], [], 0
+            new_prompt = e.prompt_ids[len(ids) :]
+            ids += new_prompt + e.target_ids
+            mask += [False] * len(new_prompt) + [True] * len(e.target_ids)
+            n += 1
+        rows.append(SFTSequence(ids, mask, n))
+    return rows
+
+
 class SFTDataset(Dataset):
-    def __init__(self, examples: Sequence[SFTExample]) -> None:
-        if not examples:
+    def __init__(self, rows: Sequence[SFTSequence]) -> None:
+        if not rows:
             raise ValueError("SFT dataset is empty")
-        self.examples = list(examples)
+        self.rows = list(rows)
 
     def __len__(self) -> int:
-        return len(self.examples)
+        return len(self.rows)
 
-    def __getitem__(self, i: int) -> SFTExample:
-        return self.examples[i]
+    def __getitem__(self, i: int) -> SFTSequence:
+        return self.rows[i]
 
 
-def collate_sft(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
+def collate_sft(batch: Sequence[SFTSequence | SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """-> input_ids, attention_mask, target_mask [B, T] (right padding; target = the teacher's turn tokens)."""
-    ids, attn = right_pad([e.prompt_ids + e.target_ids for e in batch], pad_id)
-    starts = [len(e.prompt_ids) for e in batch]
-    target = place([[True] * len(e.target_ids) for e in batch], starts, ids.shape[1], dtype=torch.bool)
+    rows = [r if isinstance(r, SFTSequence) else SFTSequence.of(r) for r in batch]
+    ids, attn = right_pad([r.input_ids for r in rows], pad_id)
+    target = place([r.target_mask for r in rows], [0] * len(rows), ids.shape[1], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attn, "target_mask": target}
 
 
@@ -98,24 +142,34 @@ class _Collate:
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
 
-    def __call__(self, batch: list[SFTExample]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: list[SFTSequence]) -> dict[str, torch.Tensor]:
         return collate_sft(batch, self.pad_id)
 
 
-def sft_dataloader(examples: Sequence[SFTExample], *, batch_size: int, pad_id: int, seed: int = 0) -> DataLoader:
-    """Length-bucketed batches (sorted within shuffled chunks) keep padding small."""
-    order = list(range(len(examples)))
+def sft_dataloader(
+    rows: Sequence[SFTSequence | SFTExample], *, batch_size: int, pad_id: int, seed: int = 0
+) -> DataLoader:
+    """Batches of ``batch_size`` teacher turns (a packed row counts its turns; a batch closes once it holds at least
+    that many), length-bucketed (sorted within shuffled chunks) to keep padding small. With one turn per row this
+    is ``batch_size`` rows per batch, so packing keeps the optimizer steps and the turns per step."""
+    rows = [r if isinstance(r, SFTSequence) else SFTSequence.of(r) for r in rows]
+    order = list(range(len(rows)))
     gen = torch.Generator().manual_seed(seed)
     order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
     chunk = batch_size * 8
     bucketed: list[int] = []
     for s in range(0, len(order), chunk):
-        part = order[s : s + chunk]
-        bucketed += sorted(part, key=lambda i: len(examples[i].prompt_ids) + len(examples[i].target_ids))
-    batches = [bucketed[i : i + batch_size] for i in range(0, len(bucketed), batch_size)]
+        bucketed += sorted(order[s : s + chunk], key=lambda i: len(rows[i].input_ids))
+    batches: list[list[int]] = [[]]
+    held = 0
+    for i in bucketed:
+        if held >= batch_size:
+            batches.append([])
+            held = 0
+        batches[-1].append(i)
+        held += rows[i].turns
     perm = torch.randperm(len(batches), generator=gen).tolist()
-    ds = SFTDataset(examples)
-    return DataLoader(ds, batch_sampler=[batches[i] for i in perm], collate_fn=_Collate(pad_id))
+    return DataLoader(SFTDataset(rows), batch_sampler=[batches[i] for i in perm], collate_fn=_Collate(pad_id))
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -128,7 +182,8 @@ class SFTConfig:
     trajectories: JSONL of teacher trajectories (``mempo.data.oracle``); null = the synthetic oracle's.
     num_tasks: teacher tasks per entry of ``objectives`` (questions per task, one task set each; null =
     [data.objectives]). lr_schedule: constant | cosine (linear warmup, then down to min_lr_ratio * lr).
-    max_steps: -1 = epochs over the examples.
+    max_steps: -1 = epochs over the examples. batch_size counts teacher turns. pack_turns: merge a trajectory's
+    turns into one row where each prompt extends the last (full-history prompts; ``pack_turns``).
     """
 
     trajectories: str | None = None
@@ -142,6 +197,7 @@ class SFTConfig:
     min_lr_ratio: float = 0.1
     epochs: int = 1
     max_steps: int = -1
+    pack_turns: bool = True
 
     def __post_init__(self) -> None:
         objectives_ok = self.objectives is None or (len(self.objectives) > 0 and min(self.objectives) >= 1)

@@ -40,7 +40,7 @@ from mempo.models.callbacks import (
 )
 from mempo.models.loading import load_policy, resolve_model_path
 from mempo.models.module import MemPOModule
-from mempo.models.sft import SFTModule, build_sft_examples, sft_dataloader
+from mempo.models.sft import SFTModule, build_sft_examples, pack_turns, sft_dataloader
 from mempo.rollout.retrievers import RetrieverError
 from mempo.stages import stage
 
@@ -223,7 +223,8 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         keep_previous_turn=cfg.agent.keep_previous_turn,
         tags=build_tags(cfg),
     )
-    loader = sft_dataloader(examples, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
+    rows = pack_turns(examples, pack=s.pack_turns)
+    loader = sft_dataloader(rows, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
     total = len(loader) * s.epochs if s.max_steps < 0 else min(s.max_steps, len(loader) * s.epochs)
     module = SFTModule(
         policy,
@@ -240,6 +241,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     summary = {
         "stage": "sft",
         "examples": len(examples),
+        "rows": len(rows),
         "trajectories": len(trajectories),
         "steps": trainer.global_step,
         "final_loss": float(trainer.callback_metrics.get("sft/loss", float("nan"))),
@@ -251,7 +253,8 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         "hf_folder": str(hf),
     }
     print(
-        f"[mempo] warm start: {len(trajectories)} teacher tasks, {len(examples)} turns, {trainer.global_step} steps, "
+        f"[mempo] warm start: {len(trajectories)} teacher tasks, {len(examples)} turns in {len(rows)} rows, "
+        f"{trainer.global_step} steps, "
         f"{summary['tok_per_s']:.0f} tok/s, final loss {summary['final_loss']:.3f}"
     )
     write_json(out / "summary.json", summary)

@@ -15,7 +15,7 @@ from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
 from torch.testing import assert_close
 
 from mempo.models.loading import load_policy
-from mempo.models.sft import SFTModule, build_sft_examples, collate_sft
+from mempo.models.sft import SFTModule, build_sft_examples, collate_sft, pack_turns, sft_dataloader
 from mempo.rollout.agent import AgentConfig, collect
 from mempo.rollout.env import SearchEnv
 from mempo.rollout.format import Tags
@@ -80,6 +80,63 @@ def test_sft_loss_is_the_token_mean_nll_of_the_targets(tiny):
             nll -= float(logp[p - 1 : -1].gather(-1, ids[0, p:, None]).sum())
             count += len(e.target_ids)
     assert_close(loss.detach(), torch.tensor(nll / count))
+
+
+def per_turn_nll(policy, examples) -> tuple[float, int]:
+    """Summed NLL of the teacher tokens, one unpadded forward per turn, and their count."""
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for e in examples:
+            ids = torch.tensor([e.prompt_ids + e.target_ids])
+            logp = policy(input_ids=ids).logits[0].float().log_softmax(-1)  # [P + L, V]
+            p = len(e.prompt_ids)
+            nll -= float(logp[p - 1 : -1].gather(-1, ids[0, p:, None]).sum())
+            count += len(e.target_ids)
+    return nll, count
+
+
+def test_full_history_turns_pack_into_one_row_per_trajectory(tiny):
+    tokenizer = tiny[1]
+    _, examples = loop_and_replay(tokenizer, "full_history")
+    rows = pack_turns(examples)
+    assert [r.turns for r in rows] == [3, 2]  # TASK's 3 turns, TASK_B's 2: every prompt extends the last row
+    for row, traj in zip(rows, (0, 1)):
+        turns = [e for e in examples if e.trajectory == traj]
+        last = turns[-1]
+        assert row.input_ids == last.prompt_ids + last.target_ids  # the row is the last turn's own row
+        targets = [i for i, t in zip(row.input_ids, row.target_mask) if t]
+        assert targets == [t for e in turns for t in e.target_ids]  # every teacher turn, in order, nothing else
+        for e in turns:  # each turn's target sits right after its own prompt
+            p = len(e.prompt_ids)
+            assert row.input_ids[:p] == e.prompt_ids and row.target_mask[p : p + len(e.target_ids)] == [True] * len(
+                e.target_ids
+            )
+    # Memory prompts are rewritten every turn: nothing merges.
+    _, mem = loop_and_replay(tokenizer, "memory")
+    assert [r.turns for r in pack_turns(mem)] == [1] * len(mem)
+
+
+def test_packed_loss_equals_the_per_turn_loss(tiny):
+    """Packing changes what is computed once, not the loss: the token-mean NLL of the packed rows equals the one
+    from a separate forward per turn."""
+    policy, tokenizer = tiny
+    _, examples = loop_and_replay(tokenizer, "full_history")
+    rows = pack_turns(examples)
+    assert len(rows) < len(examples)
+    loss = SFTModule(policy).training_step(collate_sft(rows, tokenizer.pad_token_id), 0)
+    nll, count = per_turn_nll(policy, examples)
+    assert_close(loss.detach(), torch.tensor(nll / count))
+
+
+def test_batches_count_teacher_turns():
+    from mempo.models.sft import SFTSequence
+
+    rows = [SFTSequence([1] * (i + 2), [False, True] + [True] * i, turns=t) for i, t in enumerate([1, 3, 1, 4, 2, 1])]
+    loader = sft_dataloader(rows, batch_size=4, pad_id=0, seed=0)
+    sizes = sorted(sum(rows[i].turns for i in b) for b in loader.batch_sampler)
+    assert sum(sizes) == 12 and all(s >= 4 for s in sizes[1:])  # all rows once; only the last batch may be short
+    one_turn = [SFTSequence([1, 2], [False, True]) for _ in range(10)]
+    assert sorted(len(b) for b in sft_dataloader(one_turn, batch_size=4, pad_id=0).batch_sampler) == [2, 4, 4]
 
 
 @pytest.mark.parametrize("exp", ["sft", "demo"])
