@@ -15,8 +15,29 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 from benchmarks.common import log, machine, write_json
+
+
+def sft_step(
+    policy: Any, opt: Any, batch: dict[str, Any], *, bf16: bool, head_all: bool = False
+) -> tuple[float, float]:
+    """One warm-start optimizer step (forward, backward, AdamW) as the sft stage takes it -> (seconds, loss)."""
+    import torch
+
+    from mempo.models.logprobs import token_logprobs
+
+    t0 = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        mask = None if head_all else batch["target_mask"]
+        logp = token_logprobs(policy, batch["input_ids"], batch["attention_mask"], score_mask=mask)
+        tgt = batch["target_mask"].to(logp.dtype)
+        loss = -(logp * tgt).sum() / tgt.sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0, float(loss)
 
 
 def main() -> None:
@@ -33,7 +54,6 @@ def main() -> None:
     from mempo.config import compose_config, cpu_has_bf16
     from mempo.data.oracle import oracle_dataset
     from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.logprobs import token_logprobs
     from mempo.models.sft import build_sft_examples, sft_dataloader
 
     cfg = compose_config()
@@ -59,16 +79,7 @@ def main() -> None:
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-5)
         rates = []
         for i, b in enumerate(batches):
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-                mask = None if side == "head_all" else b["target_mask"]
-                logp = token_logprobs(policy, b["input_ids"], b["attention_mask"], score_mask=mask)
-                tgt = b["target_mask"].to(logp.dtype)
-                loss = -(logp * tgt).sum() / tgt.sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
+            dt = sft_step(policy, opt, b, bf16=precision == "bf16", head_all=side == "head_all")[0]
             if i > 0:  # the first step warms up allocators and kernels
                 rates.append(float(b["attention_mask"].sum()) / dt)
         results[side] = {"tok_per_s_median": statistics.median(rates), "tok_per_s": rates, "precision": precision}
