@@ -104,7 +104,7 @@ def pack_turns(examples: Sequence[SFTExample], *, pack: bool = True) -> list[SFT
         by_traj.setdefault(e.trajectory, []).append(e)
     rows: list[SFTSequence] = []
     for turns in by_traj.values():
-        ids, mask, n = list(turns[0].prompt_ids), [False] * len(turns[0].prompt_ids), 0
+        ids, mask, n = [], [], 0
         for e in turns:
             if e.prompt_ids[: len(ids)] != ids:  # not an extension of the row: close it, start a new one
                 rows.append(SFTSequence(ids, mask, n))
@@ -115,6 +115,11 @@ def pack_turns(examples: Sequence[SFTExample], *, pack: bool = True) -> list[SFT
             n += 1
         rows.append(SFTSequence(ids, mask, n))
     return rows
+
+
+def _as_rows(items: Sequence[SFTSequence | SFTExample]) -> list[SFTSequence]:
+    """Rows as they are; a bare teacher turn as its own one-turn row."""
+    return [r if isinstance(r, SFTSequence) else SFTSequence.of(r) for r in items]
 
 
 class SFTDataset(Dataset):
@@ -132,7 +137,7 @@ class SFTDataset(Dataset):
 
 def collate_sft(batch: Sequence[SFTSequence | SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """-> input_ids, attention_mask, target_mask [B, T] (right padding; target = the teacher's turn tokens)."""
-    rows = [r if isinstance(r, SFTSequence) else SFTSequence.of(r) for r in batch]
+    rows = _as_rows(batch)
     ids, attn = right_pad([r.input_ids for r in rows], pad_id)
     target = place([r.target_mask for r in rows], [0] * len(rows), ids.shape[1], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attn, "target_mask": target}
@@ -152,7 +157,7 @@ def sft_dataloader(
     """Batches of ``batch_size`` teacher turns (a packed row counts its turns; a batch closes once it holds at least
     that many), length-bucketed (sorted within shuffled chunks) to keep padding small. With one turn per row this
     is ``batch_size`` rows per batch, so packing keeps the optimizer steps and the turns per step."""
-    rows = [r if isinstance(r, SFTSequence) else SFTSequence.of(r) for r in rows]
+    rows = _as_rows(rows)
     order = list(range(len(rows)))
     gen = torch.Generator().manual_seed(seed)
     order = [order[i] for i in torch.randperm(len(order), generator=gen).tolist()]
