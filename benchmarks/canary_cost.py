@@ -24,10 +24,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8, help="sampler.canary_tokens")
     args = parser.parse_args()
 
-    from mempo.builders import build_sampler
-    from mempo.config import compose_config
+    from mempo.lm.loading import load_policy, resolve_model_path
     from mempo.models.callbacks import SamplerCallback
-    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.stages.builders import build_sampler
+    from mempo.stages.config import compose_config
 
     cfg = compose_config(f"model.name_or_path={args.model}", f"sampler={args.sampler}", "sampler.kv_cache_space_gb=1")
     path = resolve_model_path(args.model)

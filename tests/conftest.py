@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mempo.config import compose_config
+from mempo.lm.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
-from mempo.models.loading import SMOLLM2, TINY, cache_root, load_policy, load_tokenizer, resolve_model_path
 from mempo.rollout.sampler import Generation
+from mempo.stages.config import compose_config
 
 # Engines started by tests share 2 cores and 24 GiB with everything else: keep vLLM's CPU KV cache at 1 GiB.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

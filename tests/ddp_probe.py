@@ -18,8 +18,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from mempo.config import compose_config
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
+from mempo.stages.config import compose_config
 from mempo.stages.train import fit_rl
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mempo.builders import build_builder, build_env, build_tags, synthetic_world
 from mempo.data.oracle import oracle_dataset
 from mempo.rollout.agent import RolloutBatch, Trajectory, make_turn_sample, next_context
 from mempo.rollout.prompts import TurnContext
 from mempo.rollout.sampler import Generation
+from mempo.stages.builders import build_builder, build_env, build_tags, synthetic_world
 
 
 def replay_batch(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mempo.data.tasks import Question, Task
-from mempo.rollout.format import format_turn
+from mempo.core.format import format_turn
+from mempo.core.tasks import Question, Task
 from mempo.rollout.retrievers import Passage
 from mempo.rollout.sampler import Generation, SamplingConfig
 

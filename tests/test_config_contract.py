@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mempo.config import CONFIG_DIR, RootConfig
+from mempo.stages.config import CONFIG_DIR, RootConfig
 
 GROUP_FIELDS = {f.name: f for f in dataclasses.fields(RootConfig)}
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("exp", "debug"))

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from mempo.config import validate_config
+from mempo.stages.config import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -141,9 +141,9 @@ def test_cli_unknown_key_names_it():
 @pytest.mark.parametrize("exp", EXPERIMENTS)
 def test_every_experiment_instantiates_its_typed_configs(exp):
     """Every experiment's groups turn into the typed objects the code takes (no model weights needed)."""
-    from mempo.builders import build_optim_config, build_tags, group
     from mempo.losses import LossConfig, MemoryConfig
     from mempo.rollout.agent import AgentConfig
+    from mempo.stages.builders import build_optim_config, build_tags, group
 
     cfg = validate_config(compose_cfg(f"+exp={exp}"))
     loss = group(cfg, "loss")
@@ -184,6 +184,6 @@ def test_every_sweep_calls_run_py_with_valid_hydra_overrides(path):
     ],
 )
 def test_old_logp_auto_reuses_the_samplers_logprobs_only_when_exact(overrides, expected):
-    from mempo.builders import build_optim_config
+    from mempo.stages.builders import build_optim_config
 
     assert build_optim_config(validate_config(compose_cfg(*overrides))).old_logp == expected

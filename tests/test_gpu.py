@@ -51,8 +51,8 @@ def test_two_step_bf16_fit_on_cuda_with_recomputed_old_logp_and_tis(make_cfg, ti
 
 
 def test_chunked_logprobs_on_cuda_match_a_plain_forward(tiny_folder):
-    from mempo.models.loading import load_policy
-    from mempo.models.logprobs import token_logprobs
+    from mempo.lm.loading import load_policy
+    from mempo.lm.logprobs import token_logprobs
 
     model, _ = load_policy(tiny_folder)
     model = model.cuda()
@@ -69,8 +69,8 @@ def test_chunked_logprobs_on_cuda_match_a_plain_forward(tiny_folder):
 
 
 def test_answer_scoring_on_cuda_equals_cpu(tiny_folder):
-    from mempo.models.loading import load_policy
-    from mempo.models.scoring import answer_probabilities
+    from mempo.lm.loading import load_policy
+    from mempo.lm.scoring import answer_probabilities
 
     model, tok = load_policy(tiny_folder)
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("Question: who?", "Hi")]

@@ -1,8 +1,9 @@
-"""The package's layers import downward only, like the purity of ``mempo.losses`` (tests/losses/test_purity.py).
+"""The folders of ``mempo`` are its layers: each imports only folders below it (the README's layout block).
 
 Every ``import`` of a mempo module counts, function-local ones included (those used to hide imports that ran back
-up the layers). A new module must be placed in a layer here; a new edge between layers must be added to ALLOWED
-on purpose, with the reason in review.
+up the layers). A module belongs to the folder it sits in; a module at the package root (beside ``__init__.py``)
+has no floor and fails. A new edge between folders must be added to ALLOWED on purpose, with the reason in review;
+an edge to a folder above is refused even then (``test_allowed_edges_point_down``).
 """
 
 from __future__ import annotations
@@ -14,29 +15,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Layer -> its modules (a trailing ".*" takes a package's every module). Listed bottom to top.
-LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("mempo", "mempo.base", "mempo.console", "mempo.padding", "mempo.data.tasks", "mempo.rollout.format"),
-    "math": ("mempo.losses", "mempo.losses.*"),  # pure tensor math (torch only)
-    "data": ("mempo.data", "mempo.data.*"),  # tasks, the synthetic world, the oracle teacher, the DataModule
-    "model_utils": ("mempo.models", "mempo.models.loading", "mempo.models.logprobs", "mempo.models.scoring"),
-    "rollout": ("mempo.rollout", "mempo.rollout.*"),  # samplers, environment, agent loop, rewards
-    "eval": ("mempo.eval", "mempo.eval.*"),  # evaluation library: grids, statistics, reports, figures
-    "training": ("mempo.models.module", "mempo.models.callbacks", "mempo.models.sft"),  # LightningModules, callbacks
-    "config": ("mempo.config", "mempo.builders"),  # the config groups' schema, and objects built from a config
-    "stages": ("mempo.stages", "mempo.stages.*"),  # what experiments/run.py runs
-}
-# Layer -> the layers it may import (besides itself).
+# The floors, bottom to top: mempo/<folder>/.
+LAYERS: tuple[str, ...] = (
+    "core",  # plain types and helpers every layer uses: Task, the turn format, padding, atomic writes, console
+    "losses",  # pure tensor math (torch only; tests/losses/test_purity.py)
+    "lm",  # model loading, token log-probs, answer scoring: model utilities, no training
+    "rollout",  # samplers, the agent loop, prompts, masks, the search environment, rewards
+    "data",  # the synthetic world and its oracle teacher, QA files, the composer, the DataModule
+    "eval",  # agent evaluation: grids, statistics, reports, figures
+    "models",  # the LightningModules (MemPOModule, SFT) and their callbacks
+    "stages",  # the config and builders, and what experiments/run.py runs
+)
+# Folder -> the folders it may import (besides itself): the edges that exist, each pointing down.
 ALLOWED: dict[str, set[str]] = {
-    "base": set(),
-    "math": set(),
-    "data": {"base"},
-    "model_utils": {"base", "math"},
-    "rollout": {"base", "data", "model_utils"},
-    "eval": {"base", "data", "model_utils", "rollout"},
-    "training": {"base", "math", "data", "model_utils", "rollout", "eval"},
-    "config": {"base", "math", "data", "model_utils", "rollout", "eval", "training"},
-    "stages": {"base", "math", "data", "model_utils", "rollout", "eval", "training", "config"},
+    "core": set(),
+    "losses": set(),
+    "lm": {"core", "losses"},
+    "rollout": {"core", "lm"},
+    "data": {"core"},
+    "eval": {"core", "lm", "rollout", "data"},
+    "models": {"core", "losses", "lm", "rollout", "eval"},
+    "stages": {"core", "losses", "lm", "rollout", "data", "eval", "models"},
 }
 
 
@@ -44,18 +43,14 @@ def module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
-def layer_of(module: str) -> str:
-    """The layer that names ``module`` exactly, else the one whose longest ``pkg.*`` entry covers it."""
-    best: tuple[int, str] | None = None
-    for layer, entries in LAYERS.items():
-        for entry in entries:
-            if entry == module:
-                return layer
-            if entry.endswith(".*") and module.startswith(entry[:-1]) and (best is None or len(entry) > best[0]):
-                best = (len(entry), layer)
-    if best is None:
-        raise AssertionError(f"{module} is in no layer of tests/test_layering.py: place it")
-    return best[1]
+def folder_of(module: str) -> str:
+    """``mempo.<folder>.x`` -> ``<folder>``; the package itself (``mempo``) is the empty root, below every floor."""
+    parts = module.split(".")
+    if parts == ["mempo"]:
+        return "core"
+    if (ROOT / "mempo" / parts[1]).is_dir() and parts[1] in LAYERS:
+        return parts[1]
+    raise AssertionError(f"{module} is in no layer folder of mempo/ ({', '.join(LAYERS)}): move it into one")
 
 
 def mempo_imports(path: Path) -> set[str]:
@@ -66,7 +61,8 @@ def mempo_imports(path: Path) -> set[str]:
             found |= {a.name for a in node.names if a.name.split(".")[0] == "mempo"}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module.split(".")[0] == "mempo":
-                found.add(node.module)
+                # ``from mempo import core`` names the folder in the alias, not in the module
+                found |= {f"mempo.{a.name}" for a in node.names} if node.module == "mempo" else {node.module}
         elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: resolve against the package
             package = module_name(path).split(".")
             package = package if path.name == "__init__.py" else package[:-1]
@@ -78,31 +74,39 @@ def mempo_imports(path: Path) -> set[str]:
 MODULES = sorted((ROOT / "mempo").rglob("*.py"))
 
 
-def test_every_module_has_a_layer():
-    assert [layer_of(module_name(p)) for p in MODULES]
+def test_every_folder_is_a_layer_and_every_module_in_a_folder():
+    folders = {p.name for p in (ROOT / "mempo").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(LAYERS) == set(ALLOWED)
+    assert [folder_of(module_name(p)) for p in MODULES]
 
 
 @pytest.mark.parametrize("path", MODULES, ids=module_name)
 def test_imports_run_downward_only(path):
-    src = layer_of(module_name(path))
+    src = folder_of(module_name(path))
     bad = sorted(
-        f"{module_name(path)} ({src}) imports {m} ({layer_of(m)})"
+        f"{module_name(path)} ({src}/) imports {m} ({folder_of(m)}/)"
         for m in mempo_imports(path)
-        if layer_of(m) != src and layer_of(m) not in ALLOWED[src]
+        if folder_of(m) != src and folder_of(m) not in ALLOWED[src]
     )
-    assert not bad, "upward imports:\n" + "\n".join(bad)
+    assert not bad, "imports that are not allowed edges of tests/test_layering.py:\n" + "\n".join(bad)
 
 
-def test_allowed_edges_form_a_strict_order():
-    """No two layers may import each other, and no layer imports one listed above it."""
-    order = list(LAYERS)
+def test_allowed_edges_point_down():
+    """No two folders may import each other, and no folder imports one listed above it."""
     for layer, below in ALLOWED.items():
-        assert all(order.index(b) < order.index(layer) for b in below), layer
+        assert all(LAYERS.index(b) < LAYERS.index(layer) for b in below), layer
 
 
 def test_the_check_sees_function_local_imports(tmp_path):
-    """The bug this guards against: an upward import hidden inside a function body (rollout -> training)."""
+    """The bug this guards against: an upward import hidden inside a function body (rollout -> models)."""
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from mempo.models.module import MemPOModule\n    return MemPOModule\n")
     assert mempo_imports(probe) == {"mempo.models.module"}
-    assert layer_of("mempo.models.module") == "training" and "training" not in ALLOWED[layer_of("mempo.rollout.x")]
+    assert folder_of("mempo.models.module") == "models" and "models" not in ALLOWED["rollout"]
+
+
+def test_the_check_sees_folder_imports(tmp_path):
+    """``from mempo import models`` imports the models folder, though the module it names is ``mempo``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from mempo import models\n")
+    assert mempo_imports(probe) == {"mempo.models"}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mempo.builders import run_path
-from mempo.config import check_paths
 from mempo.stages import run_stage
+from mempo.stages.builders import run_path
+from mempo.stages.config import check_paths
 from mempo.stages.train import fit_rl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from mempo.data.tasks import Question, Task
+from mempo.core.tasks import Question, Task
 
 
 def compose_tasks(

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from mempo.base import one_of, require
-from mempo.data.tasks import Task
+from mempo.core.base import one_of, require
+from mempo.core.tasks import Task
 
 DATA_SOURCES = ("synthetic", "qa_files")
 

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mempo.core.format import Tags, format_turn
+from mempo.core.tasks import Question, Task
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import iter_json_rows, require_answers, require_str
 from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld, split_questions
-from mempo.data.tasks import Question, Task
-from mempo.rollout.format import Tags, format_turn
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mempo.core.tasks import Question, Task
 from mempo.data.compose import compose_tasks
-from mempo.data.tasks import Question, Task
 
 ANSWER_KEYS = ("golden_answers", "answers", "answer")
 

@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from mempo.data.tasks import Question
+from mempo.core.tasks import Question
 
 # Repeats weight the draw: plain consonants and vowels are common, clusters and diphthongs rare.
 _ONSETS = tuple("bdfgklmnprstvz" * 3) + ("br", "dr", "gr", "kr", "tr", "st", "sk", "th", "vr")

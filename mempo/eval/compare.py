@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from mempo.base import one_of, require
+from mempo.core.base import one_of, require
+from mempo.core.tasks import Task
 from mempo.data.synthetic import SPLITS, SyntheticQuestion
-from mempo.data.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.failures import failure_tally
 from mempo.eval.stats import bootstrap_ci
-from mempo.models.scoring import memory_answer_probabilities
+from mempo.lm.scoring import memory_answer_probabilities
 from mempo.rollout.agent import CONTEXT_MODES, AgentConfig, Env, RolloutBatch, Trajectory
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig

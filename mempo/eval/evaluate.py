@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mempo.data.tasks import Task
+from mempo.core.tasks import Task
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, collect
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mempo.base import atomic_write_text, write_csv
+from mempo.core.base import atomic_write_text, write_csv
 from mempo.eval.report import markdown_table, plot_vs_objectives
 from mempo.eval.stats import bootstrap_ci
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mempo.base import atomic_write_text, wandb_mode, write_csv
+from mempo.core.base import atomic_write_text, wandb_mode, write_csv
 
 TABLE_COLUMNS = [
     "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",

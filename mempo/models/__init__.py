@@ -1,1 +1,1 @@
-"""mempo.models"""
+"""The LightningModules (MemPOModule, SFTModule) and their callbacks (sampler, checkpoints, validation)."""

@@ -25,11 +25,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from mempo.base import temp_sibling, write_csv
-from mempo.console import progress, say
-from mempo.data.tasks import Task
+from mempo.core.base import temp_sibling, write_csv
+from mempo.core.console import progress, say
+from mempo.core.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
-from mempo.models.logprobs import token_logprobs
+from mempo.lm.logprobs import token_logprobs
 from mempo.rollout.retrievers import RetrieverError
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -286,7 +286,7 @@ class ValidationCallback(L.Callback):
 
 
 class PhaseProgress(StepTimer):
-    """A phase's progress bar over its steps (``mempo.console.progress``: drawn on a terminal only) and the console
+    """A phase's progress bar over its steps (``mempo.core.console.progress``: drawn on a terminal only) and the console
     line ``line`` returns after each step (None: no line). Rank zero only."""
 
     desc = "steps"

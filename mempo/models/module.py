@@ -30,8 +30,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from mempo.base import one_of, require, timed
-from mempo.data.tasks import Task
+from mempo.core.base import one_of, require, timed
+from mempo.core.tasks import Task
+from mempo.lm.logprobs import token_logprobs
+from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -42,8 +44,6 @@ from mempo.losses import (
     memory_rewards,
     policy_objective,
 )
-from mempo.models.logprobs import token_logprobs
-from mempo.models.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig

@@ -19,12 +19,12 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from mempo.base import one_of, require
-from mempo.data.tasks import Task
-from mempo.models.logprobs import token_logprobs
-from mempo.padding import place, right_pad
+from mempo.core.base import one_of, require
+from mempo.core.format import Tags, parse_turn
+from mempo.core.padding import place, right_pad
+from mempo.core.tasks import Task
+from mempo.lm.logprobs import token_logprobs
 from mempo.rollout.agent import Env, next_context
-from mempo.rollout.format import Tags, parse_turn
 from mempo.rollout.prompts import PromptBuilder, TurnContext
 
 

@@ -1,1 +1,2 @@
-"""Rollouts: the turn format and its parser, samplers, the agent loop, memory-span token masks and rewards."""
+"""Rollouts: samplers (vLLM, HF), the agent loop with context reset, prompts, memory-span token masks, the
+search environment and its retrievers, rewards."""

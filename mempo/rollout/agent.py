@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 import torch
 
-from mempo.data.tasks import Task
-from mempo.padding import place, right_pad
-from mempo.rollout.format import ParsedTurn, Tags, parse_turn
+from mempo.core.format import ParsedTurn, Tags, parse_turn
+from mempo.core.padding import place, right_pad
+from mempo.core.tasks import Task
 from mempo.rollout.masks import decode_with_offsets, mem_token_mask
 from mempo.rollout.prompts import PromptBuilder, TurnContext
 from mempo.rollout.rewards import objective_scores, trajectory_reward

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mempo.base import one_of, require
-from mempo.rollout.format import TAG_NAME, wrap
+from mempo.core.base import one_of, require
+from mempo.core.format import TAG_NAME, wrap
 from mempo.rollout.retrievers import (
     RETRIEVERS,
     BM25Retriever,

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
-from mempo.models.logprobs import token_logprobs
+from mempo.lm.logprobs import token_logprobs
 from mempo.rollout.sampler import Generation, SamplingConfig
 
 

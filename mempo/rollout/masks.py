@@ -1,7 +1,7 @@
 """Token masks of char spans: which sampled tokens belong to a turn's ``<mem>...</mem>`` (mempo.md §3, Eq. 9).
 
 The agent loop never re-tokenizes (mempo.md §4): it decodes the sampled ids once with
-:func:`decode_with_offsets`, parses that text with :func:`mempo.rollout.format.parse_turn`, and maps the parsed
+:func:`decode_with_offsets`, parses that text with :func:`mempo.core.format.parse_turn`, and maps the parsed
 char span back onto the same ids with :func:`mem_token_mask`. Text and offsets come from one decode, so they
 always agree.
 
@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from mempo.rollout.format import ParsedTurn
+from mempo.core.format import ParsedTurn
 
 
 class Decoder(Protocol):

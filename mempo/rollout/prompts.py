@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mempo.rollout.format import Tags, wrap
+from mempo.core.format import Tags, wrap
 
 # Short on purpose: every turn of every phase re-reads it (a 124-token version was 43% of a typical memory
 # prompt); the warm start teaches the format, the text only names it.

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mempo.base import one_of, require
-from mempo.data.tasks import ANSWER_SEPARATOR
+from mempo.core.base import one_of, require
+from mempo.core.tasks import ANSWER_SEPARATOR
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)

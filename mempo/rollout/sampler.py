@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from mempo.base import one_of, require
+from mempo.core.base import one_of, require
 
 SAMPLER_BACKENDS = ("vllm", "hf")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from mempo.models.loading import resolve_model_path
+from mempo.lm.loading import resolve_model_path
 from mempo.rollout.sampler import Generation, SamplingConfig
 
 # CPU KV cache when neither the caller nor $VLLM_CPU_KVCACHE_SPACE sets one: SmolLM2 fp32 needs 45 KB a

@@ -22,9 +22,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.builders import run_path
-from mempo.config import check_paths, validate_config
-from mempo.console import say, setup_console
+from mempo.core.console import say, setup_console
+from mempo.stages.builders import run_path
+from mempo.stages.config import check_paths, validate_config
 
 StageFn = Callable[[DictConfig], dict[str, Any]]
 STAGES: dict[str, StageFn] = {}
@@ -45,7 +45,7 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
     check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
-    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.console)
+    log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.core.console)
     if not cfg.verbose:
         say(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")
     return STAGES[cfg.stage](cfg)

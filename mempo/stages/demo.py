@@ -17,10 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from mempo.base import atomic_write_text, write_json
-from mempo.builders import run_path
-from mempo.console import say
+from mempo.core.base import atomic_write_text, write_json
+from mempo.core.console import say
 from mempo.stages import Step, folders_arg, run_steps, stage
+from mempo.stages.builders import run_path
 
 
 def demo_steps(cfg: DictConfig) -> list[Step]:

@@ -12,14 +12,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from mempo.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
-from mempo.config import resolve_precision
-from mempo.console import progress, say
+from mempo.core.console import progress, say
 from mempo.data.synthetic import split_questions
 from mempo.eval.compare import EvalConfig, GridResult, evaluate_grid
 from mempo.eval.report import log_to_wandb, write_report
-from mempo.models.loading import load_policy, resolve_model_path
+from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.stages import stage
+from mempo.stages.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
+from mempo.stages.config import resolve_precision
 
 
 @stage("eval")

@@ -26,13 +26,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.base import write_json
-from mempo.builders import run_path
-from mempo.config import CONFIG_DIR
-from mempo.console import say
+from mempo.core.base import write_json
+from mempo.core.console import say
 from mempo.eval.headline import write_headline
 from mempo.eval.report import read_records
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.builders import run_path
+from mempo.stages.config import CONFIG_DIR
 from mempo.stages.evaluate import run_eval
 
 WARM_STARTS = {"warm_start": "memory", "react_warm_start": "full_history"}  # label -> agent.context of its SFT data

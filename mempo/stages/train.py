@@ -14,8 +14,24 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.base import temp_sibling, wandb_mode, write_json
-from mempo.builders import (
+from mempo.core.base import temp_sibling, wandb_mode, write_json
+from mempo.data.datamodule import TaskDataModule
+from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
+from mempo.eval.curves import plot_runs
+from mempo.lm.loading import load_policy, resolve_model_path
+from mempo.models.callbacks import (
+    MetricsFile,
+    RLProgress,
+    SamplerCallback,
+    SFTProgress,
+    StepCheckpoint,
+    ValidationCallback,
+)
+from mempo.models.module import MemPOModule
+from mempo.models.sft import SFTModule, build_sft_examples, pack_turns, sft_dataloader
+from mempo.rollout.retrievers import RetrieverError
+from mempo.stages import stage
+from mempo.stages.builders import (
     build_builder,
     build_env,
     build_module,
@@ -26,23 +42,7 @@ from mempo.builders import (
     run_path,
     synthetic_world,
 )
-from mempo.config import check_paths, resolve_precision
-from mempo.data.datamodule import TaskDataModule
-from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
-from mempo.eval.curves import plot_runs
-from mempo.models.callbacks import (
-    MetricsFile,
-    RLProgress,
-    SamplerCallback,
-    SFTProgress,
-    StepCheckpoint,
-    ValidationCallback,
-)
-from mempo.models.loading import load_policy, resolve_model_path
-from mempo.models.module import MemPOModule
-from mempo.models.sft import SFTModule, build_sft_examples, pack_turns, sft_dataloader
-from mempo.rollout.retrievers import RetrieverError
-from mempo.stages import stage
+from mempo.stages.config import check_paths, resolve_precision
 
 # Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
 # update) by the module itself; batches are lists of tasks, which the module keeps on the host on purpose.

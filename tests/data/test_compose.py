@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from mempo.core.tasks import ANSWER_SEPARATOR, Question, Task
 from mempo.data.compose import compose_tasks
-from mempo.data.tasks import ANSWER_SEPARATOR, Question, Task
 
 POOL = [Question(f"Question number {i}?", (f"answer {i}", f"alias {i}"), f"q{i}") for i in range(11)]
 

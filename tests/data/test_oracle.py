@@ -9,6 +9,9 @@ from pathlib import Path
 import bm25s
 import pytest
 
+from mempo.core import format as turn_format
+from mempo.core.format import Tags, format_turn
+from mempo.core.tasks import Task
 from mempo.data.oracle import (
     load_trajectories_jsonl,
     oracle_dataset,
@@ -17,9 +20,6 @@ from mempo.data.oracle import (
     save_trajectories_jsonl,
 )
 from mempo.data.synthetic import SyntheticQuestion, SyntheticWorld, corpus_passages, heldout_world
-from mempo.data.tasks import Task
-from mempo.rollout import format as turn_format
-from mempo.rollout.format import Tags, format_turn
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_custom_tags(world, chains) -> None:
     assert turns[0].startswith("<memory> ") and "<tool_call> " in turns[0]
 
 
-@pytest.mark.skipif(not hasattr(turn_format, "parse_turn"), reason="mempo.rollout.format.parse_turn not merged yet")
+@pytest.mark.skipif(not hasattr(turn_format, "parse_turn"), reason="mempo.core.format.parse_turn not merged yet")
 def test_turns_pass_the_project_parser(world) -> None:
     for task, turns in oracle_dataset(world, "train", 3, num_tasks=10, seed=4):
         parsed = [turn_format.parse_turn(turn) for turn in turns]

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mempo.core.tasks import Question
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file, load_qa_tasks
-from mempo.data.tasks import Question
 
 ROWS = [
     {"id": "nq-1", "question": "who wrote the velvet almanac?", "golden_answers": ["Ida Moss", "I. Moss"]},

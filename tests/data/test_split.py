@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from mempo.builders import build_tasks
-from mempo.config import compose_config
 from mempo.data.oracle import oracle_dataset
 from mempo.data.synthetic import SyntheticWorld, corpus_passages, heldout_world, split_questions
+from mempo.stages.builders import build_tasks
+from mempo.stages.config import compose_config
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ import pytest
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler
 from torch.testing import assert_close
 
+from mempo.core.format import Tags
 from mempo.eval.compare import EvalConfig, evaluate_grid
 from mempo.eval.report import P_ANS_COLUMNS, TABLE_COLUMNS, write_report
-from mempo.models.scoring import answer_probabilities
+from mempo.lm.scoring import answer_probabilities
 from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
 from mempo.rollout.sampler import SamplingConfig
@@ -28,7 +28,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def scripted(tiny_path):
-    from mempo.models.loading import load_policy
+    from mempo.lm.loading import load_policy
 
     policy, tok = load_policy(tiny_path)
     builder = PromptBuilder(tok, Tags())

@@ -120,8 +120,8 @@ def test_validation_every_k_steps_lands_in_metrics_csv(make_cfg, tmp_path):
 def test_eval_split_picks_the_world_its_tasks_ask_about(make_cfg, tmp_path, split):
     """eval.split=train evaluates RL's task distribution (questions about the training world), val the held-out
     world's: told apart by the question texts each world asks, not by the task ids the code writes."""
-    from mempo.builders import synthetic_world
     from mempo.data.synthetic import heldout_world
+    from mempo.stages.builders import synthetic_world
 
     cfg = make_cfg(*TINY_RUN, "eval.objectives=[1]", "eval.num_tasks=3", "eval.agents=[memory]",
                    "eval.score_memories=false", f"eval.split={split}", f"run_dir={tmp_path}")  # fmt: skip

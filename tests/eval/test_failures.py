@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from mempo.core.format import format_turn, parse_turn
+from mempo.core.tasks import Task
 from mempo.data.synthetic import SyntheticWorld
-from mempo.data.tasks import Task
 from mempo.eval.failures import VERDICTS, failure_tally, objective_verdict
 from mempo.rollout.agent import Trajectory, TurnSample
-from mempo.rollout.format import format_turn, parse_turn
 from mempo.rollout.rewards import objective_scores
 
 

@@ -11,13 +11,13 @@ import json
 import pytest
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler
 
-from mempo.data.tasks import Question, Task
+from mempo.core.format import Tags, format_turn
+from mempo.core.tasks import Question, Task
 from mempo.eval.compare import EvalConfig, evaluate_grid
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.report import write_report
 from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags, format_turn
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
 from mempo.rollout.sampler import SamplingConfig

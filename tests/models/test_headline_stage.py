@@ -15,10 +15,10 @@ import pytest
 from omegaconf import OmegaConf
 
 import mempo.stages.train
-from mempo.config import compose_config
 from mempo.eval.headline import HEADLINE_COLUMNS
 from mempo.eval.report import read_records
 from mempo.stages import run_stage
+from mempo.stages.config import compose_config
 from mempo.stages.headline import ARMS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,8 +8,8 @@ import torch
 from replay import oracle_batch
 from torch.testing import assert_close
 
-from mempo.builders import build_module, build_tasks
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
+from mempo.stages.builders import build_module, build_tasks
 from mempo.stages.train import fit_rl
 
 SMOKE = [
@@ -152,7 +152,7 @@ def test_rollout_samples_outside_the_trainers_autocast(make_cfg):
     """Regression: with trainer.precision=bf16-mixed, training_step runs under bf16 autocast, and the rollout inside
     it sampled (and scored its sampler log-probs) in bf16 too, so the "old" log-probs were not the fp32 behaviour
     policy's. The rollout now runs with autocast disabled."""
-    from mempo.models.logprobs import token_logprobs
+    from mempo.lm.logprobs import token_logprobs
     from mempo.rollout.hf_sampler import HFSampler
 
     module, _ = build_module(make_cfg("model=tiny", "agent.max_turns=1", "sampler.max_new_tokens=8"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mempo.models.loading import load_policy
+from mempo.lm.loading import load_policy
 from mempo.stages.train import fit_rl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_ddp_two_cpu_processes(tmp_path):
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    # Lightning's lines go to the run log, not the console (mempo.console), unless verbose=true.
+    # Lightning's lines go to the run log, not the console (mempo.core.console), unless verbose=true.
     said = out.stderr + out.stdout + (tmp_path / "run.log").read_text()
     assert "world_size=2" in said or "distributed_backend=gloo" in said
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mempo.rollout.format import format_turn
+from mempo.core.format import format_turn
 from mempo.rollout.retrieval_server import RetrievalServer
 from mempo.rollout.retrievers import BM25Retriever, Passage, RetrieverError
 from mempo.rollout.sampler import Generation

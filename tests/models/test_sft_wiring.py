@@ -14,11 +14,11 @@ import torch
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
 from torch.testing import assert_close
 
-from mempo.models.loading import load_policy
+from mempo.core.format import Tags
+from mempo.lm.loading import load_policy
 from mempo.models.sft import SFTModule, build_sft_examples, collate_sft, pack_turns, sft_dataloader
 from mempo.rollout.agent import AgentConfig, collect
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever
 from mempo.rollout.sampler import SamplingConfig

@@ -23,10 +23,10 @@ from replay import replay_batch
 from scripted import ScriptedSampler, oracle_script
 from torch.testing import assert_close
 
-from mempo.builders import build_module
 from mempo.losses import AGG_MODES, AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.rollout.agent import RolloutBatch
 from mempo.rollout.hf_sampler import HFSampler
+from mempo.stages.builders import build_module
 from mempo.stages.train import fit_rl
 
 TINY = ["model=tiny", "sampler=hf", "sampler.max_new_tokens=12", "ckpt.every_n_steps=1", "trainer.precision=32-true"]

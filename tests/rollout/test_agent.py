@@ -12,9 +12,9 @@ import pytest
 import torch
 from scripted import CORPUS, TASK, TASK_B, ScriptedSampler, oracle_script
 
+from mempo.core.format import Tags, format_turn
 from mempo.rollout.agent import AgentConfig, collect, rollout_metrics
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags, format_turn
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever, Passage
 from mempo.rollout.sampler import SamplingConfig
@@ -168,7 +168,7 @@ def test_real_smollm2_through_vllm_on_the_synthetic_world(smollm2_path):
     world; every sample passes shape, id and mask checks."""
     from mempo.data.compose import compose_tasks
     from mempo.data.synthetic import SyntheticWorld
-    from mempo.models.loading import load_tokenizer
+    from mempo.lm.loading import load_tokenizer
     from mempo.rollout.vllm_sampler import VLLMSampler
 
     world = SyntheticWorld.generate(0)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from scripted import CORPUS, TASK_B
 
+from mempo.core.format import Tags, format_turn
 from mempo.rollout.agent import AgentConfig, collect
 from mempo.rollout.env import SearchEnv
-from mempo.rollout.format import Tags, format_turn
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import BM25Retriever

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from mempo.rollout.format import ParsedTurn, Tags, format_turn, parse_turn
+from mempo.core.format import ParsedTurn, Tags, format_turn, parse_turn
 from mempo.rollout.masks import decode_with_offsets, mem_token_mask
 
 TAG_SETS = [Tags(), Tags(search="tool_call"), Tags(mem="memory", think="reasoning", answer="final")]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mempo.models.loading import random_tiny_model
+from mempo.lm.loading import random_tiny_model
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.rollout.sampler import Sampler, SamplingConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mempo.rollout.format import format_turn, parse_turn
+from mempo.core.format import format_turn, parse_turn
 from mempo.rollout.masks import _boundaries, decode_with_offsets, mem_token_mask, span_token_mask
 
 TAIL = "\n<think> t </think>\n<search> q </search>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mempo.data.tasks import ANSWER_SEPARATOR, Question, Task
+from mempo.core.tasks import ANSWER_SEPARATOR, Question, Task
 from mempo.rollout.rewards import (
     REWARD_KINDS,
     exact_match,

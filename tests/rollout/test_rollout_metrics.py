@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mempo.data.tasks import Question, Task
+from mempo.core.tasks import Question, Task
 from mempo.losses import grpo_advantage
 from mempo.rollout.agent import RolloutBatch, Trajectory, rollout_metrics
 

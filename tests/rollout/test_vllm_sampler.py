@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mempo.models.loading import load_policy, random_tiny_model
+from mempo.lm.loading import load_policy, random_tiny_model
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
 pytest.importorskip("vllm")

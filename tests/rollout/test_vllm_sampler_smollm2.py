@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mempo.models.loading import load_policy
+from mempo.lm.loading import load_policy
 from mempo.rollout.sampler import SamplingConfig
 
 pytest.importorskip("vllm")

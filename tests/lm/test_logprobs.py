@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from mempo.models.logprobs import token_logprobs, token_logprobs_and_entropy
+from mempo.lm.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
 def naive_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mempo.rollout.format import ParsedTurn, Tags, format_turn, parse_turn, validate_format
+from mempo.core.format import ParsedTurn, Tags, format_turn, parse_turn, validate_format
 
 GOOD = "<mem> Paris is in France. </mem>\n<think> next: Rome </think>\n<search> capital of Italy </search>"
 

@@ -11,9 +11,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from mempo.core.padding import right_pad
+from mempo.lm.logprobs import token_logprobs
 from mempo.losses import answer_probability
-from mempo.models.logprobs import token_logprobs
-from mempo.padding import right_pad
 
 
 def length_sorted_batches(lengths: Sequence[int], micro_batch_size: int) -> list[list[int]]:

@@ -35,7 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from mempo.base import one_of, require
+from mempo.core.base import one_of, require
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"

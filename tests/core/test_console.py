@@ -1,4 +1,4 @@
-"""``mempo.console.setup_console``: third-party log records and warnings land in the run log, once, and reach the
+"""``mempo.core.console.setup_console``: third-party log records and warnings land in the run log, once, and reach the
 console only with ``verbose=True``; the project's own records reach both.
 
 Regressions these tests catch (each planted by hand and seen to fail the named tests, then removed):
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mempo.console import CONSOLE_FILTER, LOG_FORMAT, setup_console
+from mempo.core.console import CONSOLE_FILTER, LOG_FORMAT, setup_console
 
 
 @pytest.fixture

@@ -30,15 +30,15 @@ class CustomModel(LlamaForCausalLM):
 """
 
 LOAD = {
-    "default": "from mempo.models.loading import load_policy; load_policy(FOLDER)",
-    "trusted": "from mempo.models.loading import load_policy; load_policy(FOLDER, trust_remote_code=True)",
+    "default": "from mempo.lm.loading import load_policy; load_policy(FOLDER)",
+    "trusted": "from mempo.lm.loading import load_policy; load_policy(FOLDER, trust_remote_code=True)",
     "config_default": "build(FOLDER, [])",
     "config_trusted": "build(FOLDER, ['model.trust_remote_code=true'])",
 }
 BUILD = """
 from omegaconf import OmegaConf
-from mempo.builders import build_module
-from mempo.config import validate_config
+from mempo.stages.builders import build_module
+from mempo.stages.config import validate_config
 
 def build(folder, extra):
     dots = [f"model.name_or_path={folder}", "sampler.backend=hf", "loss.kl_coef=0", *extra]

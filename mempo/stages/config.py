@@ -17,16 +17,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.base import one_of, require
+from mempo.core.base import one_of, require
+from mempo.core.format import Tags
 from mempo.data.datamodule import DataConfig
 from mempo.eval.compare import EvalConfig
+from mempo.lm.loading import ModelConfig, check_model_path
 from mempo.losses import AdvantageConfig, LossConfig, MemoryConfig
-from mempo.models.loading import ModelConfig, check_model_path
 from mempo.models.module import OptimConfig
 from mempo.models.sft import SFTConfig
 from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import EnvConfig
-from mempo.rollout.format import Tags
 from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
 
@@ -213,7 +213,7 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return "bf16-mixed" if cpu_has_bf16() else "32-true"
 
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 
 
 def compose_config(*overrides: str, config_dir: str | Path = CONFIG_DIR) -> DictConfig:

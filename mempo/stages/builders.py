@@ -1,7 +1,7 @@
 """Build the run's objects from a validated config (the only place that reads config groups).
 
-A config group's node is its own dataclass (``mempo.config``): ``group(cfg, "loss")`` is the frozen ``LossConfig``
-the code takes, so the algorithm never sees a config object and no group's fields are copied by hand.
+A config group's node is its own dataclass (``mempo.stages.config``): ``group(cfg, "loss")`` is the frozen
+``LossConfig`` the code takes, so the algorithm never sees a config object and no group's fields are copied by hand.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.base import temp_sibling
+from mempo.core.base import temp_sibling
+from mempo.core.format import Tags
+from mempo.core.tasks import Task
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file
 from mempo.data.synthetic import SyntheticWorld, split_questions
-from mempo.data.tasks import Task
-from mempo.models.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
+from mempo.lm.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
 from mempo.models.module import MemPOModule, OptimConfig
 from mempo.rollout.env import EnvConfig, SearchEnv
-from mempo.rollout.format import Tags
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import make_retriever
 from mempo.rollout.sampler import Sampler, SamplerConfig

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from mempo.models.loading import (
+from mempo.lm.loading import (
     TINY,
     _materialize,
     cache_root,
