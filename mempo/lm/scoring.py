@@ -13,7 +13,12 @@ from torch import Tensor
 
 from mempo.core.padding import right_pad
 from mempo.lm.logprobs import token_logprobs
-from mempo.losses import answer_probability
+from mempo.losses import (
+    MEMORY_SCORING,
+    MEMORY_SCORING_CONTEXTS,
+    answer_probability,
+    per_objective_answer_probability,
+)
 
 
 def length_sorted_batches(lengths: Sequence[int], micro_batch_size: int) -> list[list[int]]:
@@ -30,10 +35,14 @@ def answer_probabilities(
     *,
     pad_id: int,
     micro_batch_size: int = 16,
+    objective_ids: Sequence[Sequence[int]] | None = None,
 ) -> Tensor:
-    """[M] P(answer | prompt) = exp(mean token log-prob of the teacher-forced answer) (Eq. 4), float32."""
+    """[M] P(answer | prompt) = exp(mean token log-prob of the teacher-forced answer) (Eq. 4), float32. With
+    ``objective_ids`` (per answer token, its objective or -1) the mean over objectives of each one's P instead."""
     if len(prompts) != len(answers):
         raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    if objective_ids is not None and [len(o) for o in objective_ids] != [len(a) for a in answers]:
+        raise ValueError("objective_ids must give one objective index per answer token")
     out = torch.zeros(len(prompts), dtype=torch.float32)
     if not prompts:
         return out
@@ -45,16 +54,24 @@ def answer_probabilities(
         for row, i in enumerate(idx):
             ans_mask[row, len(prompts[i]) : lengths[i]] = True
         logp = token_logprobs(model, ids.to(device), mask.to(device), score_mask=ans_mask.to(device))  # [B, T]
-        out[idx] = answer_probability(logp.float().cpu(), ans_mask).float()
+        if objective_ids is None:
+            out[idx] = answer_probability(logp.float().cpu(), ans_mask).float()
+            continue
+        obj = torch.full(ids.shape, -1, dtype=torch.long)
+        for row, i in enumerate(idx):
+            obj[row, len(prompts[i]) : lengths[i]] = torch.tensor(objective_ids[i], dtype=torch.long)
+        out[idx] = per_objective_answer_probability(logp.float().cpu(), obj).float()
     return out
 
 
 class ScoringPrompts(Protocol):
     """What memory scoring needs of the prompt builder (``mempo.rollout.prompts.PromptBuilder``)."""
 
-    def scoring_prompt(self, question: str, memory: str) -> list[int]: ...
+    def scoring_prompt(self, question: str, memory: str, *, instruction: bool = True) -> list[int]: ...
 
     def answer_ids(self, gold: str) -> list[int]: ...
+
+    def answer_objective_ids(self, gold: str) -> list[int]: ...
 
 
 def memory_answer_probabilities(
@@ -64,13 +81,24 @@ def memory_answer_probabilities(
     *,
     pad_id: int,
     micro_batch_size: int = 16,
+    scoring: str = "joint",
+    scoring_context: str = "answer_now",
 ) -> Tensor:
     """[M] P(gold | q, m) (Eq. 4) of each (question, memory, gold) under ``model``: the scoring context holds only
     the question and the memory ("" for the empty-memory baseline of Eq. 5). RL's memory rewards and the
-    evaluation's memory analysis both score through here."""
-    prompts = [builder.scoring_prompt(question, memory) for question, memory, _ in items]
+    evaluation's memory analysis both score through here. ``scoring`` and ``scoring_context`` are
+    ``memory.scoring`` (joint | per_objective) and ``memory.scoring_context`` (answer_now | no_instruction)."""
+    if scoring not in MEMORY_SCORING:
+        raise ValueError(f"memory.scoring must be one of {MEMORY_SCORING}, got {scoring!r}")
+    if scoring_context not in MEMORY_SCORING_CONTEXTS:
+        raise ValueError(f"memory.scoring_context must be one of {MEMORY_SCORING_CONTEXTS}, got {scoring_context!r}")
+    instruction = scoring_context == "answer_now"
+    prompts = [builder.scoring_prompt(question, memory, instruction=instruction) for question, memory, _ in items]
     answers = [builder.answer_ids(gold) for _, _, gold in items]
-    return answer_probabilities(model, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size)
+    objective_ids = [builder.answer_objective_ids(gold) for _, _, gold in items] if scoring == "per_objective" else None
+    return answer_probabilities(
+        model, prompts, answers, pad_id=pad_id, micro_batch_size=micro_batch_size, objective_ids=objective_ids
+    )
 
 
 @torch.no_grad()

@@ -22,6 +22,8 @@ from .advantages import (
     ADVANTAGE_ESTIMATORS,
     MEMORY_BASELINES,
     MEMORY_NORMALIZE,
+    MEMORY_SCORING,
+    MEMORY_SCORING_CONTEXTS,
     AdvantageConfig,
     AdvantageInputs,
     MemoryConfig,
@@ -30,9 +32,12 @@ from .advantages import (
     group_normalize,
     grpo_advantage,
     memory_advantage,
+    memory_advantages,
     memory_rewards,
+    per_objective_answer_probability,
     register_advantage,
     token_advantages,
+    trajectory_advantages,
 )
 from .aggregate import AGG_MODES, aggregate, loss_weights
 from .objective import LossConfig, policy_objective
@@ -44,6 +49,8 @@ __all__ = [
     "KL_KINDS",
     "MEMORY_BASELINES",
     "MEMORY_NORMALIZE",
+    "MEMORY_SCORING",
+    "MEMORY_SCORING_CONTEXTS",
     "AdvantageConfig",
     "AdvantageInputs",
     "MemoryConfig",
@@ -57,8 +64,11 @@ __all__ = [
     "kl_penalty",
     "loss_weights",
     "memory_advantage",
+    "memory_advantages",
     "memory_rewards",
+    "per_objective_answer_probability",
     "policy_objective",
     "register_advantage",
     "token_advantages",
+    "trajectory_advantages",
 ]

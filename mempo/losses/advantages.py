@@ -15,6 +15,8 @@ from torch import Tensor
 
 MEMORY_BASELINES = ("previous_memory", "question_only", "none")
 MEMORY_NORMALIZE = ("pooled", "per_turn")
+MEMORY_SCORING = ("joint", "per_objective")
+MEMORY_SCORING_CONTEXTS = ("answer_now", "no_instruction")
 
 
 def _dense_ids(*keys: Tensor) -> Tensor:
@@ -25,10 +27,13 @@ def _dense_ids(*keys: Tensor) -> Tensor:
     return torch.unique(stacked, dim=0, return_inverse=True)[1]
 
 
-def group_normalize(values: Tensor, group_ids: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
-    """[M] -> [M]: (v - group mean) / (group std + eps), unbiased std as ``torch.std``.
+def group_normalize(
+    values: Tensor, group_ids: Tensor, *, scale: bool = True, eps: float = 1e-6, std_floor: float = 0.0
+) -> Tensor:
+    """[M] -> [M]: (v - group mean) / (max(group std, std_floor) + eps), unbiased std as ``torch.std``.
 
-    Without ``scale`` only the group mean is removed (Dr. GRPO). Groups of one member or of equal values give 0,
+    Without ``scale`` only the group mean is removed (Dr. GRPO). ``std_floor`` > 0 keeps a group whose values
+    differ by little from being blown up to unit advantages. Groups of one member or of equal values give 0,
     never NaN.
     """
     if values.shape != group_ids.shape or values.dim() != 1:
@@ -44,7 +49,7 @@ def group_normalize(values: Tensor, group_ids: Tensor, *, scale: bool = True, ep
     if not scale:
         return centered.to(values.dtype)
     sq = torch.zeros_like(count).index_add_(0, ids, centered * centered)  # [K]
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))  # [K]; a group of one has centered == 0 anyway
+    std = torch.sqrt(sq / (count - 1).clamp(min=1)).clamp(min=std_floor)  # [K]; a group of one: centered == 0
     return (centered / (std[ids] + eps)).to(values.dtype)
 
 
@@ -54,12 +59,19 @@ def grpo_advantage(rewards: Tensor, group_ids: Tensor, *, scale: bool = True, ep
 
 
 def memory_advantage(
-    mem_rewards: Tensor, group_ids: Tensor, turn_ids: Tensor, *, normalize: str = "pooled", eps: float = 1e-6
+    mem_rewards: Tensor,
+    group_ids: Tensor,
+    turn_ids: Tensor,
+    *,
+    normalize: str = "pooled",
+    eps: float = 1e-6,
+    scale: bool = True,
+    std_floor: float = 0.0,
 ) -> Tensor:
     """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, mempo.md §3).
 
     normalize: "pooled" (all memories of all rollouts of a task together) or "per_turn" (memories written at the
-    same turn index of the same task).
+    same turn index of the same task). scale=False only centers; std_floor bounds the divisor from below.
     """
     if normalize == "pooled":
         keys = group_ids
@@ -67,13 +79,34 @@ def memory_advantage(
         keys = _dense_ids(group_ids, turn_ids)
     else:
         raise ValueError(f"memory.normalize must be one of {MEMORY_NORMALIZE}, got {normalize!r}")
-    return group_normalize(mem_rewards, keys, scale=True, eps=eps)
+    return group_normalize(mem_rewards, keys, scale=scale, eps=eps, std_floor=std_floor)
 
 
 def answer_probability(answer_logp: Tensor, answer_mask: Tensor) -> Tensor:
     """[M, L], [M, L] -> [M]: P(ans | q, m) = exp(mean log-prob of the L gold-answer tokens) (Eq. 4)."""
     mask = answer_mask.to(answer_logp.dtype)
     return torch.exp((answer_logp * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+
+
+def per_objective_answer_probability(answer_logp: Tensor, objective_ids: Tensor) -> Tensor:
+    """[M, L] log-probs, [M, L] objective index of each token (-1: not an objective's answer, e.g. "; " or
+    padding) -> [M]: the mean over objectives of exp(mean log-prob of that objective's gold tokens).
+
+    A memory holding one of two facts scores about half of one holding both, where the joint geometric mean of
+    ``answer_probability`` stays near 0 until every objective's fact is in the memory. Rows without any objective
+    token give 0.
+    """
+    if answer_logp.shape != objective_ids.shape or answer_logp.dim() != 2:
+        raise ValueError(f"answer_logp {tuple(answer_logp.shape)} and objective_ids {tuple(objective_ids.shape)}")
+    k = int(objective_ids.max()) + 1 if objective_ids.numel() else 0
+    if k <= 0:
+        return torch.zeros(answer_logp.shape[0], dtype=answer_logp.dtype, device=answer_logp.device)
+    onehot = (objective_ids[..., None] == torch.arange(k, device=objective_ids.device)).to(answer_logp.dtype)
+    count = onehot.sum(1)  # [M, K] tokens of each objective
+    total = (answer_logp[..., None] * onehot).sum(1)  # [M, K]
+    present = count > 0
+    p = torch.where(present, torch.exp(total / count.clamp(min=1)), torch.zeros_like(total))  # [M, K]
+    return p.sum(-1) / present.sum(-1).clamp(min=1)
 
 
 def memory_rewards(
@@ -162,7 +195,19 @@ class MemoryConfig:
 
     alpha: weight of A^M on memory tokens (Eq. 9); 0 = GRPO with the memory format.
     baseline: previous_memory | question_only | none (Eq. 5).
-    normalize: pooled | per_turn grouping of R^M before the z-score.
+    normalize: pooled | per_turn grouping of R^M before the z-score. per_turn compares a memory only with those
+        written at the same turn of the same task: pooled ranks a turn-1 plan ("need X") below any later memory
+        that holds a fact, on every rollout, which pays answering early (issue 23's diagnostics).
+    scale: divide R^M by its group's std (the paper's z-score); false only centers it, so A^M keeps R^M's units
+        (reading 2: a z-score turns differences of 1e-3 into unit advantages).
+    std_floor: the z-score divides by max(std, std_floor) (reading 2): groups whose memories all score near 0
+        get advantages near 0 instead of +-1.
+    scoring: joint (Eq. 4: exp of the mean log-prob over all objectives' gold tokens joined by "; ") |
+        per_objective (the mean over objectives of each one's exp mean log-prob, separators unscored; reading 3:
+        the joint geometric mean hides a memory that holds one objective's fact of two).
+    scoring_context: answer_now (the question, the memory, "Give the final answer now.", then <answer>) |
+        no_instruction (the same without the instruction; reading 1: an instruction to answer now pays memories
+        shaped like final answers, guessed slots included).
     include_tags: the <mem> and </mem> tag tokens get the memory advantage too.
     log_p_ans: score memories even when the estimator does not use them (memory/p_ans_mean of an ablation).
     """
@@ -170,6 +215,10 @@ class MemoryConfig:
     alpha: float = 1.0
     baseline: str = "previous_memory"
     normalize: str = "pooled"
+    scale: bool = True
+    std_floor: float = 0.0
+    scoring: str = "joint"
+    scoring_context: str = "answer_now"
     include_tags: bool = True
     log_p_ans: bool = False
 
@@ -180,6 +229,14 @@ class MemoryConfig:
             raise ValueError(f"memory.baseline must be one of {MEMORY_BASELINES}, got {self.baseline!r}")
         if self.normalize not in MEMORY_NORMALIZE:
             raise ValueError(f"memory.normalize must be one of {MEMORY_NORMALIZE}, got {self.normalize!r}")
+        if self.std_floor < 0:
+            raise ValueError(f"memory.std_floor must be >= 0, got {self.std_floor}")
+        if self.scoring not in MEMORY_SCORING:
+            raise ValueError(f"memory.scoring must be one of {MEMORY_SCORING}, got {self.scoring!r}")
+        if self.scoring_context not in MEMORY_SCORING_CONTEXTS:
+            raise ValueError(
+                f"memory.scoring_context must be one of {MEMORY_SCORING_CONTEXTS}, got {self.scoring_context!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -237,9 +294,32 @@ def compute_advantages(inputs: AdvantageInputs, memory: MemoryConfig, advantage:
     return ADVANTAGE_ESTIMATORS[advantage.estimator](inputs, memory, advantage)
 
 
+def trajectory_advantages(x: AdvantageInputs, advantage: AdvantageConfig) -> Tensor:
+    """[R] A^T of every trajectory (GRPO z-scores of R^T within each task's group)."""
+    return grpo_advantage(x.rewards, x.group_ids, scale=advantage.scale, eps=advantage.eps)
+
+
+def memory_advantages(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
+    """[N] A^M of the memory each turn sample wrote (0 where ``mem_valid`` is false), as ``memory`` configures it."""
+    mem_adv = torch.zeros_like(x.mem_rewards)  # [N]
+    valid = x.mem_valid.bool()
+    if valid.any():
+        sample_groups = x.group_ids[x.traj_ids]  # [N]
+        mem_adv[valid] = memory_advantage(
+            x.mem_rewards[valid],
+            sample_groups[valid],
+            x.turn_ids[valid],
+            normalize=memory.normalize,
+            eps=advantage.eps,
+            scale=memory.scale,
+            std_floor=memory.std_floor,
+        )
+    return mem_adv
+
+
 @register_advantage("grpo", needs_memory_scores=False)
 def grpo_estimator(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
-    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=advantage.scale, eps=advantage.eps)  # [R]
+    traj_adv = trajectory_advantages(x, advantage)  # [R]
     return token_advantages(
         traj_adv[x.traj_ids], torch.zeros_like(x.mem_rewards), x.response_mask, x.mem_mask, alpha=0.0
     )
@@ -247,12 +327,6 @@ def grpo_estimator(x: AdvantageInputs, memory: MemoryConfig, advantage: Advantag
 
 @register_advantage("mempo", needs_memory_scores=True)
 def mempo_estimator(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
-    traj_adv = grpo_advantage(x.rewards, x.group_ids, scale=advantage.scale, eps=advantage.eps)  # [R]
-    mem_adv = torch.zeros_like(x.mem_rewards)  # [N]
-    valid = x.mem_valid.bool()
-    if valid.any():
-        sample_groups = x.group_ids[x.traj_ids]  # [N]
-        mem_adv[valid] = memory_advantage(
-            x.mem_rewards[valid], sample_groups[valid], x.turn_ids[valid], normalize=memory.normalize, eps=advantage.eps
-        )
+    traj_adv = trajectory_advantages(x, advantage)  # [R]
+    mem_adv = memory_advantages(x, memory, advantage)  # [N]
     return token_advantages(traj_adv[x.traj_ids], mem_adv, x.response_mask, x.mem_mask, alpha=memory.alpha)

@@ -16,6 +16,7 @@ the tolerance, so a push that never lands is caught within the few steps such dr
 from __future__ import annotations
 
 import csv
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 
 from mempo.core.base import temp_sibling, write_csv
 from mempo.core.console import progress, say
@@ -248,6 +250,40 @@ class MetricsFile(StepTimer):
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_csv(self.path, rows, list(dict.fromkeys(k for r in rows for k in r)))
+
+
+class MemoryCreditFile(L.Callback):
+    """Appends each RL step's memory-credit records (``pl_module.last_credit``, ``mempo.eval.memory_credit``) to a
+    JSONL file, and with a W&B logger logs them as a table (the first ``table_rows`` of each step). On resume,
+    records of steps after the checkpoint are dropped, as ``MetricsFile`` drops its rows."""
+
+    def __init__(self, path: str | Path, table_rows: int = 64) -> None:
+        self.path = Path(path)
+        self.table_rows = table_rows
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or not self.path.exists():
+            return
+        done = int(getattr(pl_module, "batches_done", 0))
+        lines = self.path.read_text().splitlines()
+        kept = [ln for ln in lines if ln.strip() and int(json.loads(ln)["step"]) <= done]
+        if len(kept) != len(lines):
+            self.path.write_text("".join(f"{ln}\n" for ln in kept))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        records = getattr(pl_module, "last_credit", [])
+        if not trainer.is_global_zero or not records:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                cols = list(records[0])
+                rows = [[r[c] for c in cols] for r in records[: self.table_rows]]
+                logger.log_table(key="memory/credit", columns=cols, data=rows, step=trainer.global_step)
 
 
 class ValidationCallback(L.Callback):

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 
 from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
+from mempo.eval.memory_credit import credit_metrics, credit_records
 from mempo.lm.logprobs import token_logprobs
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.losses import (
@@ -41,8 +42,10 @@ from mempo.losses import (
     MemoryConfig,
     compute_advantages,
     loss_weights,
+    memory_advantages,
     memory_rewards,
     policy_objective,
+    trajectory_advantages,
 )
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
@@ -104,6 +107,7 @@ class MemPOModule(L.LightningModule):
         group_size: int,
         reward_kind: str = "all_em",
         seed: int = 0,
+        chains: Any = None,
     ) -> None:
         super().__init__()
         if loss.kl_coef > 0 and reference is None:
@@ -125,6 +129,8 @@ class MemPOModule(L.LightningModule):
         self.nonfinite_in_a_row = 0
         self.last_metrics: dict[str, float] = {}
         self.last_task_ids: list[str] = []
+        self.last_credit: list[dict[str, Any]] = []  # the step's memory-credit records (MemoryCreditFile writes them)
+        self.chains = chains  # qid -> reasoning chain (synthetic data): the early-answer rate needs them
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -167,7 +173,13 @@ class MemPOModule(L.LightningModule):
             for i in mem_idx
         ]
         p = memory_answer_probabilities(
-            self.policy, self.builder, items, pad_id=self.pad_id, micro_batch_size=self.optim_cfg.micro_batch_size
+            self.policy,
+            self.builder,
+            items,
+            pad_id=self.pad_id,
+            micro_batch_size=self.optim_cfg.micro_batch_size,
+            scoring=self.memory_cfg.scoring,
+            scoring_context=self.memory_cfg.scoring_context,
         )
         p_empty_by_group = dict(zip(group_order, p[: len(group_order)].tolist()))
         p_mem = torch.zeros(len(samples))
@@ -194,22 +206,45 @@ class MemPOModule(L.LightningModule):
         """Whether a step runs the memory-scoring forward: for the advantage, or only to log P(ans | q, m)."""
         return self.uses_memory_rewards or self.memory_cfg.log_p_ans
 
+    @staticmethod
+    def advantage_inputs(x: TurnBatch, mem_rewards: torch.Tensor, mem_valid: torch.Tensor) -> AdvantageInputs:
+        return AdvantageInputs(
+            rewards=x.rewards,
+            group_ids=x.traj_group_ids,
+            traj_ids=x.traj_ids,
+            turn_ids=x.turn_ids,
+            mem_rewards=mem_rewards,
+            mem_valid=mem_valid,
+            response_mask=x.response_mask,
+            mem_mask=x.mem_mask,
+        )
+
     def advantages(self, x: TurnBatch, mem_rewards: torch.Tensor, mem_valid: torch.Tensor) -> torch.Tensor:
         """[N, T] token advantages of a batch (``RolloutBatch.to_tensors``) from the configured estimator (Eq. 9)."""
-        return compute_advantages(
-            AdvantageInputs(
-                rewards=x.rewards,
-                group_ids=x.traj_group_ids,
-                traj_ids=x.traj_ids,
-                turn_ids=x.turn_ids,
-                mem_rewards=mem_rewards,
-                mem_valid=mem_valid,
-                response_mask=x.response_mask,
-                mem_mask=x.mem_mask,
-            ),
-            self.memory_cfg,
-            self.advantage_cfg,
+        return compute_advantages(self.advantage_inputs(x, mem_rewards, mem_valid), self.memory_cfg, self.advantage_cfg)
+
+    def memory_credit(
+        self,
+        rollouts: RolloutBatch,
+        x: TurnBatch,
+        adv: torch.Tensor,
+        mem_r: torch.Tensor,
+        mem_valid: torch.Tensor,
+        p_mem: torch.Tensor,
+    ) -> dict[str, float]:
+        """Sets ``last_credit`` (one record per scored memory, ``mempo.eval.memory_credit``) and returns the step's
+        credit metrics. A^M is computed as ``memory`` configures it even when alpha = 0 leaves it out of ``adv``."""
+        inputs = self.advantage_inputs(x, mem_r, mem_valid)
+        self.last_credit = credit_records(
+            rollouts,
+            step=self.batches_done,
+            p_ans=p_mem,
+            mem_reward=mem_r,
+            mem_adv=memory_advantages(inputs, self.memory_cfg, self.advantage_cfg),
+            mem_valid=mem_valid,
+            traj_adv=trajectory_advantages(inputs, self.advantage_cfg),
         )
+        return credit_metrics(self.last_credit, rollouts, adv, x.mem_mask, x.response_mask, self.chains)
 
     # ---------------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[Task], batch_idx: int) -> None:
@@ -230,7 +265,8 @@ class MemPOModule(L.LightningModule):
         with timed(timings, "update"):
             update = self._update(x, adv, old_logp, ref_logp) if signal else self._no_update()  # Eq. 10
         self.batches_done += 1
-        self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem)
+        credit = self.memory_credit(rollouts, x, adv, mem_r, mem_valid, p_mem) if self.scores_memories else {}
+        self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem, credit)
 
     def _log_step(
         self,
@@ -242,6 +278,7 @@ class MemPOModule(L.LightningModule):
         mem_r: torch.Tensor,
         mem_valid: torch.Tensor,
         p_mem: torch.Tensor,
+        credit: dict[str, float],
     ) -> None:
         gen_tokens = sum(s.generated_tokens for s in rollouts.samples)
         metrics = {
@@ -257,6 +294,7 @@ class MemPOModule(L.LightningModule):
         if self.scores_memories:
             metrics["memory/p_ans_mean"] = float(p_mem[mem_valid].mean()) if mem_valid.any() else 0.0
             metrics["memory/reward_mean"] = float(mem_r[mem_valid].mean()) if mem_valid.any() else 0.0
+        metrics.update(credit)
         self.last_metrics = metrics
         n_tasks = len(rollouts.trajectories) // self.group_size
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=n_tasks)

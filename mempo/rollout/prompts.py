@@ -82,13 +82,34 @@ class PromptBuilder:
             return self.full_history_prompt(ctx)
         raise ValueError(f"agent.context must be 'memory' or 'full_history', got {context!r}")
 
-    def scoring_prompt(self, question: str, memory: str) -> list[int]:
+    def scoring_prompt(self, question: str, memory: str, *, instruction: bool = True) -> list[int]:
         """The memory-scoring context of Eq. 4: only q and m, then the opening of an answer; the gold answer is
-        teacher-forced after it (see ``answer_ids``)."""
-        user = f"Question:\n{question}\n\n{wrap(self.tags.mem, f' {memory} ')}\n\n{SCORING_INSTRUCTION}"
+        teacher-forced after it (see ``answer_ids``). ``instruction`` false leaves out "Give the final answer now."
+        (``memory.scoring_context=no_instruction``)."""
+        user = f"Question:\n{question}\n\n{wrap(self.tags.mem, f' {memory} ')}"
+        if instruction:
+            user += f"\n\n{SCORING_INSTRUCTION}"
         ids = self._render([{"role": "system", "content": self.system}, {"role": "user", "content": user}])
         return ids + list(self.tokenizer(f"<{self.tags.answer}>", add_special_tokens=False)["input_ids"])
 
     def answer_ids(self, gold: str) -> list[int]:
         """Token ids of the teacher-forced gold answer (all objectives joined by "; ")."""
         return list(self.tokenizer(f" {gold}", add_special_tokens=False)["input_ids"])
+
+    def answer_objective_ids(self, gold: str) -> list[int]:
+        """For each token of ``answer_ids(gold)``, the index of the objective whose answer it spells (the gold
+        split at "; "), or -1 for a token of no objective's answer (the separators). Needs a fast tokenizer (its
+        offsets mapping)."""
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError("memory.scoring=per_objective needs a fast tokenizer (offsets mapping)")
+        text = f" {gold}"
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spans, start = [], 1
+        for part in gold.split("; "):
+            spans.append((start, start + len(part)))
+            start += len(part) + 2
+        out = []
+        for lo, hi in enc["offset_mapping"]:
+            hit = [k for k, (a, b) in enumerate(spans) if lo < b and hi > a and text[max(lo, a) : min(hi, b)].strip()]
+            out.append(hit[0] if hit else -1)
+        return out

@@ -17,7 +17,7 @@ from mempo.core.format import Tags
 from mempo.core.tasks import Task
 from mempo.data.compose import compose_tasks
 from mempo.data.qa_files import load_qa_file
-from mempo.data.synthetic import SyntheticWorld, split_questions
+from mempo.data.synthetic import SPLITS, SyntheticQuestion, SyntheticWorld, split_questions
 from mempo.lm.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
 from mempo.models.module import MemPOModule, OptimConfig
 from mempo.rollout.env import EnvConfig, SearchEnv
@@ -168,8 +168,17 @@ def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
         group_size=cfg.data.group_size,
         reward_kind=cfg.reward.kind,
         seed=cfg.seed,
+        chains=synthetic_chains(cfg),
     )
     return module, model_path
+
+
+def synthetic_chains(cfg: DictConfig) -> dict[str, SyntheticQuestion] | None:
+    """qid -> reasoning chain of every synthetic question (train, val and test); None for other data."""
+    if cfg.data.source != "synthetic":
+        return None
+    world = synthetic_world(cfg)
+    return {c.question.qid: c for split in SPLITS for c in split_questions(world, split, seed=cfg.seed)}
 
 
 def build_eval_sampler(cfg: DictConfig, folder: str | Path) -> Sampler:

@@ -18,8 +18,10 @@ from mempo.core.base import temp_sibling, wandb_mode, write_json
 from mempo.data.datamodule import TaskDataModule
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
+from mempo.eval.memory_credit import CREDIT_FILE
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.models.callbacks import (
+    MemoryCreditFile,
     MetricsFile,
     RLProgress,
     SamplerCallback,
@@ -152,7 +154,13 @@ def fit_rl(
     if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
         val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
         hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
-    hooks += [MetricsFile(out / "metrics.csv"), ckpt, RLProgress(cfg.trainer.max_steps), *callbacks]
+    hooks += [
+        MetricsFile(out / "metrics.csv"),
+        MemoryCreditFile(out / CREDIT_FILE),
+        ckpt,
+        RLProgress(cfg.trainer.max_steps),
+        *callbacks,
+    ]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
     trainer = make_trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs, max_epochs=-1)
     ckpt_path = None

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from replay import oracle_batch
+from replay import oracle_batch, replay_batch
 from torch.testing import assert_close
 
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
@@ -48,6 +48,10 @@ def test_two_step_fit_moves_the_policy_not_the_reference(make_cfg, tmp_path):
     ):  # fmt: skip
         assert key in rows[0], key
     assert float(rows[1]["train/kl"]) > 0  # the policy moved away from the reference after step 1
+    for key in ("memory/adv_share", "memory/adv_corr", "memory/complete_frac", "rollout/early_answer_rate"):
+        assert key in rows[0], key
+    credit = [json.loads(line) for line in (tmp_path / "memory_credit.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in credit} == {1, 2}
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "hf" / "config.json").is_file()
@@ -101,6 +105,33 @@ def test_ablation_nomem_gives_exactly_the_grpo_advantages(make_cfg):
     assert not zero_r.any() and not zero_p.any()  # no scoring forward ran
     assert torch.equal(zero_valid, valid)
     assert torch.equal(nomem.advantages(x, zero_r, zero_valid), a_nomem)
+
+
+def test_memory_credit_records_line_up_with_the_token_advantages(make_cfg):
+    """Each record's A^M and A^T, read back from the [N, T] advantages the update uses (A^T on every response token,
+    A^T + alpha * A^M on memory tokens), so a record attached to the wrong sample or trajectory fails. Rollouts 1
+    and 3 stop after 2 and 1 of the oracle's turns (of 3 or more) but say they answered: answered early."""
+    cfg = make_cfg("model=tiny", "memory.alpha=0.5", "memory.normalize=per_turn", "memory.std_floor=0.05")
+    module, _ = build_module(cfg)
+    batch = replay_batch(module.tokenizer, cfg, [(0, 1.0, None), (0, 0.0, 2), (1, 0.5, None), (1, 0.0, 1)])
+    x = batch.to_tensors(module.pad_id)
+    mem_r, valid, p_mem = module.memory_rewards(batch)
+    adv = module.advantages(x, mem_r, valid)
+    metrics = module.memory_credit(batch, x, adv, mem_r, valid, p_mem)
+    records = module.last_credit
+    assert len(records) == int(valid.sum()) == len(batch.samples)  # every oracle turn writes a memory
+    index = {(s.traj_id, s.turn_id): i for i, s in enumerate(batch.samples)}
+    for r in records:
+        i = index[(r["rollout"], r["turn"])]
+        resp, mem = x.response_mask[i], x.mem_mask[i] & x.response_mask[i]
+        assert_close(adv[i][resp & ~mem], torch.full_like(adv[i][resp & ~mem], r["traj_adv"]))
+        assert_close(adv[i][mem], torch.full_like(adv[i][mem], r["traj_adv"] + 0.5 * r["mem_adv"]))
+        assert r["p_ans"] == float(p_mem[i]) and r["traj_reward"] == batch.trajectories[r["rollout"]].reward
+        assert r["complete"] == (r["action"].startswith("answer"))  # only the oracle's last memory holds both
+    on_mem = (x.mem_mask & x.response_mask).bool()
+    assert_close(metrics["memory/adv_share"], float(adv[on_mem].abs().sum() / adv[x.response_mask].abs().sum()))
+    assert metrics["rollout/early_answer_rate"] == 0.5
+    assert metrics["memory/complete_frac"] == 2 / len(records)
 
 
 @pytest.mark.parametrize("baseline", ["previous_memory", "question_only", "none"])
