@@ -52,6 +52,22 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: list[str]) ->
     return path
 
 
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line of a JSONL file, read as it streams; a line that is not a
+    JSON object raises a ValueError naming the file and the line."""
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield lineno, row
+
+
 @contextmanager
 def timed(timings: dict[str, float], name: str) -> Iterator[None]:
     """``timings[name]`` = the wall seconds the block took."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import re
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from mempo.core.base import read_jsonl
 from mempo.data.synthetic import SyntheticQuestion
 from mempo.rollout.agent import RolloutBatch, Trajectory, TurnSample
 
@@ -157,15 +157,7 @@ def load_credit(path: str | Path) -> list[dict[str, Any]]:
     raises a ValueError naming the file, the line and what was wrong."""
     path = Path(path)
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}:{n}: a record must be a JSON object, got {type(rec).__name__}")
+    for n, rec in read_jsonl(path):
         missing = [k for k in RECORD_KEYS if k not in rec]
         if missing:
             raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)}")

@@ -33,6 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import bm25s
 
+from mempo.core.base import read_jsonl
+
 log = logging.getLogger(__name__)
 
 
@@ -93,29 +95,20 @@ def load_corpus(path: str | os.PathLike) -> list[Passage]:
     path = Path(path)
     passages: list[Passage] = []
     first_line_of: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            for key in ("id", "contents"):
-                if key not in row:
-                    raise ValueError(f"{path}:{lineno}: missing key {key!r} (keys: {sorted(row)})")
-            pid, contents = row["id"], row["contents"]
-            if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-                raise ValueError(f"{path}:{lineno}: key 'id' must be a string or an int, got {type(pid).__name__}")
-            if not isinstance(contents, str):
-                raise ValueError(f"{path}:{lineno}: key 'contents' must be a string, got {type(contents).__name__}")
-            pid = str(pid)
-            if pid in first_line_of:
-                raise ValueError(f"{path}:{lineno}: duplicate id {pid!r} (first seen on line {first_line_of[pid]})")
-            first_line_of[pid] = lineno
-            passages.append(Passage(id=pid, contents=contents))
+    for lineno, row in read_jsonl(path):
+        for key in ("id", "contents"):
+            if key not in row:
+                raise ValueError(f"{path}:{lineno}: missing key {key!r} (keys: {sorted(row)})")
+        pid, contents = row["id"], row["contents"]
+        if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+            raise ValueError(f"{path}:{lineno}: key 'id' must be a string or an int, got {type(pid).__name__}")
+        if not isinstance(contents, str):
+            raise ValueError(f"{path}:{lineno}: key 'contents' must be a string, got {type(contents).__name__}")
+        pid = str(pid)
+        if pid in first_line_of:
+            raise ValueError(f"{path}:{lineno}: duplicate id {pid!r} (first seen on line {first_line_of[pid]})")
+        first_line_of[pid] = lineno
+        passages.append(Passage(id=pid, contents=contents))
     if not passages:
         raise ValueError(f"{path}: the corpus is empty (no JSONL lines)")
     return passages

@@ -117,7 +117,7 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path):
     path = tmp_path / "memory_credit.jsonl"
     good = json.dumps(RECORDS[0])
     path.write_text(f"{good}\n{{not json\n")
-    with pytest.raises(ValueError, match=r"memory_credit.jsonl:2: not JSON"):
+    with pytest.raises(ValueError, match=r"memory_credit.jsonl:2: not valid JSON"):
         load_credit(path)
     path.write_text(f"{good}\n\n{json.dumps({'step': 1})}\n")
     with pytest.raises(ValueError, match=r"memory_credit.jsonl:3: record lacks task_id, group"):
