@@ -67,6 +67,10 @@ def test_resume_continues_at_the_same_step_with_the_same_data(make_cfg, tmp_path
     first, _ = fit_rl(make_cfg(*base, "trainer.max_steps=2", f"run_dir={tmp_path / 'split'}"))
     assert first.batches_done == 2
     after_two = _params(first.policy)
+    credit = tmp_path / "split" / "memory_credit.jsonl"
+    stale = json.loads(credit.read_text().splitlines()[-1]) | {"step": 3}
+    with credit.open("a") as f:  # a step-3 record written after the checkpoint, before a crash
+        f.write(json.dumps(stale) + "\n")
     resumed, _ = fit_rl(make_cfg(*base, "trainer.max_steps=3", "resume=true", f"run_dir={tmp_path / 'split'}"))
     assert resumed.batches_done == 3
     assert resumed.last_task_ids == straight.last_task_ids  # batch 3 is the same batch
@@ -76,6 +80,9 @@ def test_resume_continues_at_the_same_step_with_the_same_data(make_cfg, tmp_path
         assert_close(_params(resumed.policy)[k], v, msg=k)
     rows = list(csv.DictReader((tmp_path / "split" / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [1, 2, 3]  # appended, no duplicated or missing step
+    steps = [json.loads(line)["step"] for line in credit.read_text().splitlines()]
+    straight_credit = (tmp_path / "straight" / "memory_credit.jsonl").read_text().splitlines()
+    assert steps == [json.loads(line)["step"] for line in straight_credit]  # the stale record was dropped
     ckpt = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["mempo"]["batches_done"] == 3
     adam_steps = {int(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
