@@ -13,12 +13,19 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.console import progress, say
-from mempo.data.synthetic import split_questions
 from mempo.eval.compare import EvalConfig, GridResult, evaluate_grid
 from mempo.eval.report import log_to_wandb, write_report
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.stages import stage
-from mempo.stages.builders import build_builder, build_env, build_sampler, build_tasks, group, run_path, synthetic_world
+from mempo.stages.builders import (
+    build_builder,
+    build_env,
+    build_sampler,
+    build_tasks,
+    group,
+    run_path,
+    synthetic_chains,
+)
 from mempo.stages.config import resolve_precision
 
 
@@ -59,9 +66,7 @@ def run_eval(
     tasks_by_n = {
         n: build_tasks(cfg, split, num_tasks=evaluation.num_tasks, objectives=n) for n in evaluation.objectives
     }
-    chains = None
-    if cfg.data.source == "synthetic":
-        chains = {c.question.qid: c for c in split_questions(synthetic_world(cfg), split, seed=cfg.seed)}
+    chains = synthetic_chains(cfg)  # qid -> chain of every split's questions (failure verdicts look up by qid)
     agent = group(cfg, "agent")
     sampling = group(cfg, "sampler").sampling(seed=cfg.seed, greedy=evaluation.greedy)  # per-label copies keep greedy
     bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
