@@ -21,6 +21,9 @@ from transformers import PreTrainedModel
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
 
+TOKEN_STATS_METHOD = "mempo_token_stats"  # set on sharded models by mempo.lm.sharding.shard_model
+
+
 def token_logprobs(
     model: PreTrainedModel,
     input_ids: Tensor,
@@ -63,6 +66,21 @@ def token_logprobs_and_entropy(
 
 
 def _token_stats(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    chunk_size: int,
+    temperature: float,
+    with_entropy: bool,
+    score_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    # A sharded model (mempo.lm.sharding.shard_model) runs the same computation through a registered FSDP forward
+    # method, so its root unit's parameters (embeddings, head) are gathered around it.
+    method = getattr(model, TOKEN_STATS_METHOD, None) or (lambda *a: local_token_stats(model, *a))
+    return method(input_ids, attention_mask, chunk_size, temperature, with_entropy, score_mask)
+
+
+def local_token_stats(
     model: PreTrainedModel,
     input_ids: Tensor,
     attention_mask: Tensor,

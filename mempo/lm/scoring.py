@@ -13,6 +13,7 @@ from torch import Tensor
 
 from mempo.core.padding import right_pad
 from mempo.lm.logprobs import token_logprobs
+from mempo.lm.sharding import idle_forwards, lockstep_count
 from mempo.losses import (
     MEMORY_SCORING,
     MEMORY_SCORING_CONTEXTS,
@@ -44,11 +45,11 @@ def answer_probabilities(
     if objective_ids is not None and [len(o) for o in objective_ids] != [len(a) for a in answers]:
         raise ValueError("objective_ids must give one objective index per answer token")
     out = torch.zeros(len(prompts), dtype=torch.float32)
-    if not prompts:
-        return out
     device = next(model.parameters()).device
     lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
-    for idx in length_sorted_batches(lengths, micro_batch_size):
+    batches = length_sorted_batches(lengths, micro_batch_size)
+    idle = lockstep_count(len(batches), model) - len(batches)  # sharded: as many forwards as the busiest rank
+    for idx in batches:
         ids, mask = right_pad([list(prompts[i]) + list(answers[i]) for i in idx], pad_id)
         ans_mask = torch.zeros_like(mask)
         for row, i in enumerate(idx):
@@ -61,6 +62,7 @@ def answer_probabilities(
         for row, i in enumerate(idx):
             obj[row, len(prompts[i]) : lengths[i]] = torch.tensor(objective_ids[i], dtype=torch.long)
         out[idx] = per_objective_answer_probability(logp.float().cpu(), obj).float()
+    idle_forwards(idle, model)
     return out
 
 
@@ -116,10 +118,13 @@ def sequence_logprobs(
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device
     lengths = attention_mask.sum(-1).tolist()
-    for idx in length_sorted_batches(lengths, micro_batch_size):
+    batches = length_sorted_batches(lengths, micro_batch_size)
+    idle = lockstep_count(len(batches), model) - len(batches)  # sharded: as many forwards as the busiest rank
+    for idx in batches:
         t_len = int(max(lengths[i] for i in idx))
         ids = input_ids[idx, :t_len].to(device)
         mask = attention_mask[idx, :t_len].to(device)
         score = None if score_mask is None else score_mask[idx, :t_len].to(device)
         out[idx, :t_len] = token_logprobs(model, ids, mask, score_mask=score).float().cpu()
+    idle_forwards(idle, model)
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,12 +27,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from mempo.core.base import temp_sibling, write_csv
 from mempo.core.console import progress, say
 from mempo.core.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.lm.logprobs import token_logprobs
+from mempo.lm.sharding import full_tensors
 from mempo.rollout.retrievers import RetrieverError
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -94,9 +97,12 @@ class SamplerCallback(L.Callback):
         return diff
 
     def _push(self, pl_module: L.LightningModule) -> None:
+        """The policy's weights into the engine, streamed: one full tensor at a time (gathered by every rank when
+        the policy is sharded, each rank pushing into its own colocated engine). A sampler that generates with
+        the policy itself (``HFSampler``) already has them."""
         t0 = time.perf_counter()
-        state = {k: v.detach() for k, v in pl_module.policy.state_dict().items()}
-        self.sampler.push_weights(state)
+        if getattr(self.sampler, "model", None) is not pl_module.policy:
+            self.sampler.push_weights(full_tensors(pl_module.policy.state_dict()))
         self.last_push_s = time.perf_counter() - t0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -138,8 +144,11 @@ class SamplerCallback(L.Callback):
 
 class StepCheckpoint(L.Callback):
     """Saves a full Lightning checkpoint (weights, optimizer, loops, module state) to ``dirpath/last.ckpt`` every
-    ``every_n_steps`` RL steps and at the end of training. Writes go to a temporary file first and are renamed,
-    so a crash mid-save leaves the previous checkpoint intact."""
+    ``every_n_steps`` RL steps and at the end of training, atomically: a crash mid-save leaves the previous one.
+
+    One process or DDP: a file, written by rank 0 to a temporary name and renamed. FSDP2 (``FSDP2Strategy``): a
+    sharded checkpoint, a folder ``step-<k>`` that every rank writes its shards into (rank 0 the metadata); once
+    all are done, rank 0 points the symlink ``last.ckpt`` at it (a rename, atomic) and deletes the older folder."""
 
     def __init__(self, dirpath: str | Path, every_n_steps: int) -> None:
         if every_n_steps < 1:
@@ -156,17 +165,46 @@ class StepCheckpoint(L.Callback):
         if step == self.saved_at:
             return
         self.dirpath.mkdir(parents=True, exist_ok=True)
-        tmp = temp_sibling(self.last_path)
-        trainer.save_checkpoint(tmp)
-        if trainer.is_global_zero:
-            os.replace(tmp, self.last_path)
+        if isinstance(trainer.strategy, ModelParallelStrategy):
+            self._save_sharded(trainer, step)
+        else:
+            tmp = temp_sibling(self.last_path)
+            trainer.save_checkpoint(tmp)
+            if trainer.is_global_zero:
+                os.replace(tmp, self.last_path)
         self.saved_at = step
 
+    def _save_sharded(self, trainer: L.Trainer, step: int) -> None:
+        folder = self.dirpath / f"step-{step:06d}"
+        if self.last_path.is_symlink() and self.last_path.resolve() == folder.resolve():
+            return  # resumed from this very step: the checkpoint is already there
+        if trainer.is_global_zero and folder.exists():
+            shutil.rmtree(folder)  # a half-written folder of a crashed save of this step
+        trainer.strategy.barrier()
+        trainer.save_checkpoint(folder)  # every rank writes its shards
+        trainer.strategy.barrier()
+        if trainer.is_global_zero:
+            link = temp_sibling(self.last_path)
+            link.unlink(missing_ok=True)
+            os.symlink(folder.name, link)
+            os.replace(link, self.last_path)
+            self._drop_unlinked()
+        trainer.strategy.barrier()
+
+    def _drop_unlinked(self) -> None:
+        """Sharded-checkpoint folders ``last.ckpt`` does not point at (older steps, or a crashed save)."""
+        current = self.last_path.resolve() if self.last_path.exists() else None
+        for folder in self.dirpath.glob("step-*"):
+            if folder.resolve() != current:
+                shutil.rmtree(folder, ignore_errors=True)
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A process killed mid-save leaves its half-written temporary file (as large as a checkpoint); never read.
+        # A process killed mid-save leaves its half-written temporary file (as large as a checkpoint) or shard
+        # folder; neither is ever read.
         if trainer.is_global_zero and self.dirpath.is_dir():
             for stale in self.dirpath.glob(".last.ckpt.tmp*"):
                 stale.unlink(missing_ok=True)
+            self._drop_unlinked()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

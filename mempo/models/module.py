@@ -20,6 +20,7 @@ validation EM 0, docs/results.md).
 
 from __future__ import annotations
 
+import math
 import random
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records
 from mempo.lm.logprobs import token_logprobs
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
+from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -47,6 +49,7 @@ from mempo.losses import (
     policy_objective,
     trajectory_advantages,
 )
+from mempo.models.parallel import gather_objects, shard_for_strategy
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -132,6 +135,11 @@ class MemPOModule(L.LightningModule):
         self.last_credit: list[dict[str, Any]] = []  # the step's memory-credit records (MemoryCreditFile writes them)
         self.chains = chains  # qid -> reasoning chain (synthetic data): the early-answer rate needs them
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (``trainer=fsdp``): FSDP2 over the data-parallel ranks, the policy (fp32
+        master weights, bf16 compute on GPUs) and the frozen reference alike (``mempo.lm.sharding``)."""
+        shard_for_strategy(self, [self.policy, self.reference])
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # a list of Task: text, nothing to move
@@ -356,10 +364,14 @@ class MemPOModule(L.LightningModule):
         lengths = x.attention_mask.sum(-1).tolist()
         sums: dict[str, float] = {}
         skipped = 0
-        grad_norm = torch.tensor(0.0)
+        grad_norm = 0.0
         for _ in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
             micro_batches = length_sorted_batches(lengths, self.optim_cfg.micro_batch_size)
+            # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0).
+            n_calls = lockstep_count(len(micro_batches), self.policy)
+            for _ in range(n_calls - len(micro_batches)):
+                self.manual_backward(0.0 * idle_forward(self.policy))
             for j, idx in enumerate(micro_batches):
                 t_len = int(max(lengths[i] for i in idx))
                 sl = (idx, slice(0, t_len))
@@ -380,8 +392,9 @@ class MemPOModule(L.LightningModule):
                     weights=mb(weights),
                     sampler_logp=mb(x.sampler_logp),
                 )
-                # Data parallel: ranks hold different numbers of micro-batches, so gradients are synchronized
-                # only by each rank's last backward (one per rank per pass); earlier ones accumulate locally.
+                # DDP: ranks hold different numbers of micro-batches, so gradients are synchronized only by each
+                # rank's last backward (one per rank per pass); earlier ones accumulate locally. FSDP2 reduces
+                # (reduce-scatters) every backward: no block, the padded counts above keep ranks in step.
                 with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
@@ -389,9 +402,10 @@ class MemPOModule(L.LightningModule):
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
                 sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip)
+            # A DTensor under FSDP2: ``scalar`` makes it the float every rank agrees on.
+            grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip))
             # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
-            if not torch.isfinite(grad_norm):
+            if not math.isfinite(grad_norm):
                 self.nonfinite_in_a_row += 1
                 skipped += 1
                 opt.zero_grad(set_to_none=True)
@@ -413,7 +427,7 @@ class MemPOModule(L.LightningModule):
             "train/clip_frac": sums.get("clip_frac", 0.0) / epochs,
             "train/ratio_mean": sums.get("ratio_mean", 0.0) / epochs,
             "train/kl": sums.get("kl", 0.0) / epochs,
-            "train/grad_norm": float(grad_norm),
+            "train/grad_norm": grad_norm,
             "train/lr": float(opt.param_groups[0]["lr"]),
             "train/skipped_steps": float(skipped),
             "train/no_signal": 0.0,
@@ -432,20 +446,25 @@ class MemPOModule(L.LightningModule):
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("reference.")}
-        checkpoint["mempo"] = {
-            "batches_done": self.batches_done,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": _numpy_state_to_plain(np.random.get_state()),
-            },
+        """Leaves the frozen reference out (a sharded checkpoint keeps it: its loader restores every key) and adds
+        the step count and every rank's RNG states (``rng_by_rank``; a collective under DDP and FSDP)."""
+        if not is_sharded(self.policy):
+            checkpoint["state_dict"] = {
+                k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("reference.")
+            }
+        rng = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": _numpy_state_to_plain(np.random.get_state()),
         }
+        checkpoint["mempo"] = {"batches_done": self.batches_done, "rng_by_rank": gather_objects(rng)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("mempo", {})
         self.batches_done = int(state.get("batches_done", 0))
-        rng = state.get("rng")
+        by_rank = state.get("rng_by_rank") or [state.get("rng")]  # "rng": checkpoints of one rank's state
+        # The same world size resumes each rank's own stream; another one resumes rank 0's everywhere.
+        rng = by_rank[self.global_rank] if len(by_rank) > self.global_rank else by_rank[0]
         if rng:
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])

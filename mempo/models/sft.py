@@ -24,6 +24,7 @@ from mempo.core.format import Tags, parse_turn
 from mempo.core.padding import place, right_pad
 from mempo.core.tasks import Task
 from mempo.lm.logprobs import token_logprobs
+from mempo.models.parallel import shard_for_strategy
 from mempo.rollout.agent import Env, next_context
 from mempo.rollout.prompts import PromptBuilder, TurnContext
 
@@ -257,6 +258,10 @@ class SFTModule(L.LightningModule):
         self.target_tokens_seen = 0
         self.train_s = 0.0
         self._t0 = 0.0
+
+    def configure_model(self) -> None:
+        """Under ``trainer=fsdp``: FSDP2 over the data-parallel ranks, as the RL stage (``shard_for_strategy``)."""
+        shard_for_strategy(self, [self.policy])
 
     def on_train_start(self) -> None:
         self.policy.train()  # loaded in eval mode; Lightning keeps modules in the mode it finds them

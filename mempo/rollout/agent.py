@@ -244,10 +244,11 @@ def collect(
     ctxs = [TurnContext(question=t.task.question) for t in trajs]
     stops = builder.tags.stop_strings()
     sampling = replace(sampling, n=1, stop=stops)
+    # A sampler over a sharded policy (HFSampler under FSDP2) has ``any_rank``: every rank keeps turning, with no
+    # prompts of its own if need be, until no rank has a live rollout (each generate is a collective there).
+    keep_turning = getattr(sampler, "any_rank", lambda live: live)
     for turn in range(1, config.max_turns + 1):
         live = [t for t in trajs if t.finish == "running"]
-        if not live:
-            break
         prompts: dict[int, list[int]] = {}
         for t in live:
             ids = builder.prompt(ctxs[t.traj_id], config.context, keep_previous_turn=config.keep_previous_turn)
@@ -255,7 +256,7 @@ def collect(
                 t.finish, t.error = "context_overflow", f"turn {turn}: prompt of {len(ids)} tokens leaves no room"
                 continue
             prompts[t.traj_id] = ids
-        if not prompts:
+        if not keep_turning(bool(prompts)):
             break
         # A distinct seed per turn; the sampler derives a distinct one per prompt from it.
         turn_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + 7919 * turn)

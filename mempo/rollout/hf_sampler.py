@@ -9,6 +9,11 @@ Semantics, shared with ``VLLMSampler``:
 - ``logprobs`` are the raw policy's (no temperature or top-p), from one float32 forward of prompt + generation
   after sampling, so they equal a plain forward of the same weights by construction.
 
+Under FSDP2 (a sharded policy, ``mempo.lm.sharding``) every forward is a collective, so ranks generate in lock
+step: each call pads its prompts with one-token dummy rows to the largest count of any rank (so all run the same
+batches) and decodes with transformers' ``synced_gpus`` (a finished rank keeps stepping until every rank is done);
+``any_rank`` lets the agent loop keep turning until every rank's rollouts are done.
+
 Departure from vLLM: with a seed, draws are reproducible for the same call (same prompts, n, batch_size), but
 the random stream is shared across the batch, so a prompt's samples depend on its batch neighbours.
 """
@@ -17,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from mempo.lm.logprobs import token_logprobs
+from mempo.lm.sharding import any_rank, is_sharded, lockstep_count
 from mempo.rollout.sampler import Generation, SamplingConfig
 
 
@@ -61,6 +67,10 @@ class HFSampler:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFSampler.generate: every prompt needs at least one token")
         rows = [list(p) for p in prompts for _ in range(params.n)]  # prompt i's samples are rows i*n .. i*n+n-1
+        sharded = is_sharded(model)
+        if sharded:  # every rank the same number of rows, hence of batches and forwards
+            dummy = [self.eos_token_ids[0] if self.eos_token_ids else self.tokenizer.pad_token_id]
+            rows += [dummy] * (lockstep_count(len(rows), model) - len(rows))
         step = self.batch_size or max(len(rows), 1)
         out: list[Generation] = []
         rng = torch.random.fork_rng(devices=[]) if params.seed is not None else contextlib.nullcontext()
@@ -68,12 +78,14 @@ class HFSampler:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(rows), step):
-                out.extend(self._generate_batch(model, rows[start : start + step], params))
+                out.extend(self._generate_batch(model, rows[start : start + step], params, synced=sharded))
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def push_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy ``state_dict`` (HF names) into the model; a no-op copy when it is the model's own tensors."""
+    def push_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``state_dict`` (HF names; a mapping or (name, tensor) pairs) into the model; a no-op copy when it
+        is the model's own tensors."""
         model = self._live_model()
+        state_dict = dict(state_dict)
         own = model.state_dict()
         if all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items()):
             return  # the sampler shares the policy module: it already has these weights
@@ -81,6 +93,10 @@ class HFSampler:
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
             raise KeyError(f"HFSampler.push_weights: missing keys {sorted(missing)}, unexpected {sorted(unexpected)}")
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (a collective when the policy is sharded, else ``flag``)."""
+        return any_rank(flag, self._live_model())
 
     def sleep(self) -> None:
         """Nothing to release: the model is the caller's."""
@@ -99,7 +115,7 @@ class HFSampler:
         return self.model
 
     def _generate_batch(
-        self, model: PreTrainedModel, rows: list[list[int]], params: SamplingConfig
+        self, model: PreTrainedModel, rows: list[list[int]], params: SamplingConfig, *, synced: bool = False
     ) -> list[Generation]:
         pad = self.tokenizer.pad_token_id
         prompt_len = max(len(r) for r in rows)
@@ -119,6 +135,7 @@ class HFSampler:
             eos_token_id=self.eos_token_ids,
             pad_token_id=pad,
             stopping_criteria=stops,
+            synced_gpus=synced,
             **sampling,
         )  # [b, prompt_len + L]
         new_tokens = sequences[:, prompt_len:].tolist()

@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,8 @@ class VLLMSampler:
             max_model_len = min(max_model_len, int(context))
         self._tied_embeddings = bool(config.get("tie_word_embeddings", False))
         self.enable_sleep_mode = enable_sleep_mode
+        cast = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        self._torch_dtype = cast if isinstance(cast, torch.dtype) else None  # "auto": the checkpoint's own
         self.push_mode = "in_process"  # "disk" forces the safetensors route (tests use it to cover both)
         self.last_push_s: float | None = None
         self._asleep = False
@@ -164,22 +166,29 @@ class VLLMSampler:
             for out in outputs
         ]
 
-    def push_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load ``state_dict`` (HF parameter names, any device/dtype) into the engine; time in ``last_push_s``."""
+    def push_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (HF parameter names, any device/dtype) into the engine; time in ``last_push_s``.
+
+        ``state_dict``: a mapping, or (name, tensor) pairs consumed one at a time (``SamplerCallback`` streams a
+        sharded policy's full tensors this way): in process, each tensor is cast to the engine's dtype and loaded
+        before the next is read, so the push holds about one full tensor beyond the engine's own weights."""
         llm = self._live_engine()
         start = time.perf_counter()
         if self._asleep:
             self.wake()
+        pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
         # A tied head is the embedding: vLLM has no separate lm_head parameter to load it into.
-        items = [
-            (k, v.detach()) for k, v in state_dict.items() if not (self._tied_embeddings and k == "lm_head.weight")
-        ]
+        items = (
+            (k, v.detach() if self._torch_dtype is None else v.detach().to(self._torch_dtype))
+            for k, v in pairs
+            if not (self._tied_embeddings and k == "lm_head.weight")
+        )
         worker = _inprocess_worker(llm)
         if self.push_mode == "in_process" and worker is not None:
-            worker.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
+            worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
             _repack_tied_head(worker)
         else:
-            self._push_via_disk(llm, items)
+            self._push_via_disk(llm, list(items))
             llm.collective_rpc(_repack_tied_head)
         llm.reset_prefix_cache()
         self.last_push_s = time.perf_counter() - start

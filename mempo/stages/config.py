@@ -39,6 +39,10 @@ class TrainerConfig:
     """Config group ``trainer``: keyword arguments of ``lightning.Trainer`` (``mempo.stages.train.make_trainer``).
 
     precision: a Lightning precision, or auto: bf16-mixed on GPUs and on CPUs with native bf16, else 32-true.
+    strategy: a Lightning strategy name (auto, ddp, ...) or fsdp2 (``mempo.models.parallel.FSDP2Strategy``: FSDP2
+    data-parallel sharding through ``ModelParallelStrategy``). Lightning's fsdp (FSDP1) and deepspeed strategies are
+    refused: both run ``training_step`` inside the wrapped model's forward, where MemPO's manual optimization (its
+    backward inside the step) is not supported.
     """
 
     accelerator: str = "cpu"
@@ -57,6 +61,12 @@ class TrainerConfig:
                 ("num_nodes", self.num_nodes >= 1, "must be >= 1"),
                 ("max_steps", self.max_steps >= 1, "must be >= 1"),
                 ("log_every_n_steps", self.log_every_n_steps >= 1, "must be >= 1"),
+                (
+                    "strategy",
+                    not str(self.strategy).startswith(("fsdp", "deepspeed")) or self.strategy == "fsdp2",
+                    "fsdp and deepspeed are not supported (manual optimization inside the wrapped forward); use "
+                    "fsdp2 (trainer=fsdp) or ddp",
+                ),
             ],
         )
 

@@ -30,6 +30,7 @@ from mempo.models.callbacks import (
     ValidationCallback,
 )
 from mempo.models.module import MemPOModule
+from mempo.models.parallel import FSDP2Strategy, full_state_dict
 from mempo.models.sft import SFTModule, build_sft_examples, pack_turns, sft_dataloader
 from mempo.rollout.retrievers import RetrieverError
 from mempo.stages import stage
@@ -82,6 +83,8 @@ def make_trainer(cfg: DictConfig, out: Path, callbacks: list, **run: Any) -> L.T
     precision ``auto`` resolved), ``run`` the phase's own (max_steps, max_epochs); the rest is fixed here."""
     kwargs = asdict(group(cfg, "trainer"))
     kwargs["precision"] = resolve_precision(kwargs["precision"], kwargs["accelerator"])
+    if kwargs["strategy"] == "fsdp2":
+        kwargs["strategy"] = FSDP2Strategy()
     return L.Trainer(
         **{**kwargs, **run},
         logger=_logger(cfg, out),
@@ -96,10 +99,14 @@ def make_trainer(cfg: DictConfig, out: Path, callbacks: list, **run: Any) -> L.T
     )
 
 
-def _export(policy: Any, tokenizer: Any, folder: Path) -> Path:
-    """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load)."""
+def _export(policy: Any, tokenizer: Any, folder: Path, *, write: bool) -> Path:
+    """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load). Every rank calls it
+    (a sharded policy is gathered by all); the one with ``write`` writes."""
+    state = full_state_dict(policy)
+    if not write:
+        return folder
     tmp = temp_sibling(folder)
-    policy.save_pretrained(tmp, safe_serialization=True)
+    policy.save_pretrained(tmp, safe_serialization=True, state_dict=state)
     tokenizer.save_pretrained(tmp)
     if folder.exists():
         shutil.rmtree(folder)
@@ -181,7 +188,7 @@ def fit_rl(
             attempts=e.attempts,
             last_error=e.last_error,
         ) from e
-    hf = _export(module.policy, module.tokenizer, out / "hf") if trainer.is_global_zero else out / "hf"
+    hf = _export(module.policy, module.tokenizer, out / "hf", write=trainer.is_global_zero)
     curves = None
     if trainer.is_global_zero and (out / "metrics.csv").is_file():
         curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
@@ -245,7 +252,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     )
     trainer = make_trainer(cfg, out, [SFTProgress(total)], max_steps=s.max_steps, max_epochs=s.epochs)
     trainer.fit(module, train_dataloaders=loader)
-    hf = _export(policy, tokenizer, out / "hf")
+    hf = _export(policy, tokenizer, out / "hf", write=trainer.is_global_zero)
     summary = {
         "stage": "sft",
         "examples": len(examples),
@@ -265,5 +272,6 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         f"{trainer.global_step} steps, "
         f"{summary['tok_per_s']:.0f} tok/s, final loss {summary['final_loss']:.3f}"
     )
-    write_json(out / "summary.json", summary)
+    if trainer.is_global_zero:
+        write_json(out / "summary.json", summary)
     return summary

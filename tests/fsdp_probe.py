@@ -1,0 +1,73 @@
+"""A data-parallel fit of the tiny model on two CPU processes (gloo) under ``trainer=ddp`` or ``trainer=fsdp``,
+recording what tests/models/test_fsdp.py compares. Run as
+
+    python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate] [override ...]
+
+Rank 0 writes ``RUN_DIR/probe.pt``: {"grads": the full step-1 gradients (before clipping), "weights": the full
+policy weights after each step, "tasks": each rank's tasks per step}. Sampler ``hf`` generates with the (sharded)
+policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy of the starting weights, so
+every step pushes the policy's gathered weights into it and the canary checks that they landed.
+
+Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here: a nonzero
+gradient whatever the rewards (the random tiny model earns none).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from mempo.lm.loading import load_policy, resolve_model_path
+from mempo.lm.sharding import full_tensors
+from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
+from mempo.models.parallel import gather_objects
+from mempo.rollout.hf_sampler import HFSampler
+from mempo.stages.config import compose_config
+from mempo.stages.train import fit_rl
+
+
+@register_advantage("probe_signed", needs_memory_scores=True)  # memories scored, as for MemPO
+def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
+    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
+    return sign[:, None] * x.response_mask.float()
+
+
+class Probe(L.Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.record: dict[str, Any] = {"grads": None, "weights": {}, "tasks": {}}
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
+        if self.record["grads"] is None:  # every rank gathers (a collective), rank 0 keeps
+            grads = {n: p.grad for n, p in pl_module.policy.named_parameters() if p.grad is not None}
+            self.record["grads"] = {n: g.clone() for n, g in full_tensors(grads)}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        step = pl_module.batches_done
+        self.record["weights"][step] = {n: t.clone() for n, t in full_tensors(pl_module.policy.state_dict())}
+        self.record["tasks"][step] = gather_objects(pl_module.last_task_ids)
+        if trainer.is_global_zero:
+            torch.save(self.record, self.out / "probe.pt")
+
+
+if __name__ == "__main__":
+    run_dir, strategy = Path(sys.argv[1]), sys.argv[2]
+    sampler = sys.argv[3] if len(sys.argv) > 3 else "hf"
+    cfg = compose_config(
+        "+exp=ablation_nomem", "+debug=default", f"trainer={strategy}", "trainer.accelerator=cpu",
+        "trainer.devices=2", "trainer.precision=32-true", "agent.max_turns=2", "sampler.max_new_tokens=12",
+        "optim.lr=1e-3", "optim.micro_batch_size=1", "advantage.estimator=probe_signed", "seed=3",
+        f"run_dir={run_dir}", *sys.argv[4:],
+    )  # fmt: skip
+
+    def separate_engine(module: Any) -> HFSampler:
+        """An engine with its own copy of the starting weights: pushes have to land in it."""
+        copy, _ = load_policy(resolve_model_path(cfg.model.name_or_path), dtype="float32")
+        return HFSampler(copy, module.tokenizer)
+
+    probe = Probe(run_dir)
+    fit_rl(cfg, callbacks=[probe], make_sampler=separate_engine if sampler == "separate" else None)
