@@ -4,7 +4,9 @@ tiny model through the HF sampler. Run it with ``bash scripts/gpu_smoke.sh`` (at
 - a 2-step MemPO fit on CUDA with bf16-mixed precision, ``optim.old_logp=recompute`` and ``loss.tis_cap`` (the
   path a bf16 engine takes), ending with a weight canary that passes and a policy that moved;
 - the chunked log-prob kernel on CUDA against a plain float32 forward, forward and backward;
-- answer scoring on CUDA equals answer scoring on the CPU.
+- answer scoring on CUDA equals answer scoring on the CPU;
+- trainer=fsdp at world size 1 (FSDP2, bf16 compute): a 2-step fit, its sharded checkpoint and HF export, and the
+  streamed weight push's CUDA peak against the largest tensor.
 """
 
 from __future__ import annotations
@@ -78,3 +80,32 @@ def test_answer_scoring_on_cuda_equals_cpu(tiny_folder):
     cpu = answer_probabilities(model, prompts, answers, pad_id=tok.pad_token_id)
     cuda = answer_probabilities(model.cuda(), prompts, answers, pad_id=tok.pad_token_id)
     assert_close(cuda, cpu, rtol=1e-3, atol=1e-6)  # TF32/cuBLAS kernels differ from the CPU's in the last bits
+
+
+def test_fsdp_world_size_one_fit_and_streamed_push_peak_on_cuda(make_cfg, tiny_folder, tmp_path):
+    """trainer=fsdp (FSDP2, bf16 compute over fp32 master weights) at world size 1 through the HF sampler: two
+    steps, a sharded checkpoint, the gathered HF export; then the push generator's CUDA peak beyond the sharded
+    policy, against the largest tensor (streamed: about one tensor plus its engine-dtype copy, never the model)."""
+    from mempo.lm.sharding import full_tensors, is_sharded
+    from mempo.stages.train import fit_rl
+
+    cfg = make_cfg(
+        "model=tiny", f"model.name_or_path={tiny_folder}", "sampler=hf", "trainer=fsdp", "trainer.devices=1",
+        "advantage.estimator=test_signed", "optim.lr=1e-3", "data.batch_size=2", "data.group_size=2",
+        "agent.max_turns=2", "sampler.max_new_tokens=16", "sampler.canary_tol=0.1", "loss.kl_coef=1e-3",
+        "trainer.max_steps=2", "ckpt.every_n_steps=1", f"run_dir={tmp_path}",
+    )  # fmt: skip
+    module, summary = fit_rl(cfg)
+    assert summary["steps"] == 2 and is_sharded(module.policy)
+    assert (tmp_path / "checkpoints" / "last.ckpt").resolve().name == "step-000002"
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    state = module.policy.state_dict()
+    largest = max(v.numel() * v.element_size() for v in state.values())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    for _, t in full_tensors(state):
+        t.to(torch.bfloat16).sum()
+    extra = torch.cuda.max_memory_allocated() - base
+    print(f"push peak beyond the sharded policy: {extra / 2**20:.1f} MiB; largest tensor {largest / 2**20:.1f} MiB")
+    assert extra <= 2 * largest
