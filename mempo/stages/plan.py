@@ -33,7 +33,7 @@ What each part holds (P: all parameters, P_t: the trainable ones, ``model.train_
   ``sampler.max_model_len`` under vLLM and by the model's ``max_position_embeddings``. Only the trainable layers save
   activations (autograd records nothing below the lowest one). Per layer and token, with r the residual stream's
   bytes (b_m under autocast, c under fsdp2's bf16 parameters), h hidden, i intermediate, q = heads*head_dim
-  (``layer_activation_bytes``, sdpa attention as transformers uses it, no s^2 term: flash / memory-efficient
+  (``layer_activation_bytes``, sdpa attention as transformers uses it, no [s, s] scores: flash / memory-efficient
   kernels): two RMSNorms save their fp32 input and normalized output, 2*(4h + r*h); the projections' inputs, r*h
   twice when r = c, else autocast's separate casts, 3c*h (q, k, v) and 2c*h (gate, up); attention saves q and k, v
   repeated to all heads (transformers repeats them whenever rows are padded), 3c*q, its output c*q and o_proj's
