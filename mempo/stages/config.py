@@ -29,6 +29,7 @@ from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import EnvConfig
 from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
+from mempo.stages.plan import PlanConfig
 
 LOGGERS = ("csv", "wandb")
 STAGES = ("rl", "sft", "eval", "demo", "headline")  # mempo.stages
@@ -132,6 +133,7 @@ class RootConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     headline: HeadlineConfig = field(default_factory=HeadlineConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)  # experiments/plan.py
 
     def __post_init__(self) -> None:
         require("", self, [("stage", self.stage in STAGES, one_of(STAGES))])

@@ -111,3 +111,11 @@ def test_ranks_with_unequal_work_finish_instead_of_hanging(tiny_path: Path, tmp_
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], errors
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["ok\n", "ok\n"]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2"])
+def test_lightning_fsdp1_and_deepspeed_are_refused_naming_the_key(strategy: str) -> None:
+    from mempo.stages.config import compose_config
+
+    with pytest.raises(ValueError, match=r"trainer\.strategy.*fsdp2"):
+        compose_config(f"trainer.strategy={strategy}")
