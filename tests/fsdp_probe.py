@@ -1,5 +1,5 @@
 """A data-parallel fit of the tiny model on two CPU processes (gloo) under ``trainer=ddp`` or ``trainer=fsdp``,
-recording what tests/models/test_fsdp.py compares. Run as
+recording what tests/models/test_fsdp.py compares (the ranks use different micro-batch sizes: unequal work). Run as
 
     python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate] [override ...]
 
@@ -14,6 +14,7 @@ gradient whatever the rewards (the random tiny model earns none).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,11 +57,16 @@ class Probe(L.Callback):
 
 if __name__ == "__main__":
     run_dir, strategy = Path(sys.argv[1]), sys.argv[2]
+    # Unequal work: rank 0 updates and scores in micro-batches of 1, rank 1 of 4, so under FSDP rank 1 must pad its
+    # forward/backward calls to rank 0's count. Accumulation reproduces the full-batch objective either way, so the
+    # gradients do not depend on it.
+    rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning for the process it starts
     sampler = sys.argv[3] if len(sys.argv) > 3 else "hf"
     cfg = compose_config(
         "+exp=ablation_nomem", "+debug=default", f"trainer={strategy}", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.precision=32-true", "agent.max_turns=2", "sampler.max_new_tokens=12",
-        "optim.lr=1e-3", "optim.micro_batch_size=1", "advantage.estimator=probe_signed", "seed=3",
+        "optim.lr=1e-3", f"optim.micro_batch_size={1 if rank == 0 else 4}", "advantage.estimator=probe_signed",
+        "seed=3",
         f"run_dir={run_dir}", *sys.argv[4:],
     )  # fmt: skip
 

@@ -4,9 +4,9 @@ tests/models/test_fsdp.py as
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/lockstep_probe.py MODEL_DIR OUT_DIR
 
 Rank 0 has five sequences to score, three prompts to generate for and two tasks to play; rank 1 one sequence, one
-prompt (or none) and one task. Without the lock step (padded micro-batches, padded generate rows with
-``synced_gpus``, the agent loop turning until every rank is done) rank 1 would leave rank 0 waiting in a collective
-forever. Each rank also checks the sharded results against an unsharded copy of the same weights and writes
+prompt, nothing to score by answer and no task. Without the lock step (padded micro-batches, padded generate rows
+with ``synced_gpus``, the agent loop turning until every rank is done) rank 1 would leave rank 0 waiting in a
+collective forever. Each rank also checks the sharded results against an unsharded copy of the same weights and writes
 ``OUT_DIR/rank<r>.txt`` with ``ok`` once every part has finished.
 """
 
@@ -72,8 +72,8 @@ def main(model_dir: str, out_dir: Path) -> None:
         assert a[0].token_ids == b[0].token_ids
         torch.testing.assert_close(torch.tensor(a[0].logprobs), torch.tensor(b[0].logprobs))
 
-    # The agent loop: 2 tasks x 2 rollouts against 1 x 2, up to 3 turns, sampled.
-    questions = [(Question(f"Who founded company {i}?", ("Ann",)),) for i in range(2 if rank == 0 else 1)]
+    # The agent loop: 2 tasks x 2 rollouts against none (rank 1 must still take part in every turn's generate).
+    questions = [(Question(f"Who founded company {i}?", ("Ann",)),) for i in range(2 if rank == 0 else 0)]
     tasks = [Task(f"t{rank}-{i}", q) for i, q in enumerate(questions)]
     batch = collect(
         engine,

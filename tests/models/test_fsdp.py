@@ -2,13 +2,16 @@
 
 Each fit runs tests/fsdp_probe.py in a subprocess (Lightning starts rank 1 by re-running it), which saves the full
 step-1 gradients and the full weights after each step. Both runs use seed 3, the same config and the HF sampler, so
-DDP and FSDP sample the same rollouts from the same weights; they differ only in how gradients are reduced.
+DDP and FSDP sample the same rollouts from the same weights; they differ only in how gradients are reduced. Rank 0
+updates in micro-batches of 1 and rank 1 of 4, so FSDP's rank 1 pads its calls (without that padding the first step
+hangs: seen with the padding removed, then restored).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +25,16 @@ LR = 1e-3  # the probes' optim.lr
 
 
 def _probe(run_dir: Path, strategy: str, *args: str) -> dict:
+    """Runs the probe; a hang (ranks out of step) fails after 300 s and kills both ranks (rank 1 is Lightning's
+    child process: the whole process group goes)."""
     cmd = [sys.executable, str(ROOT / "tests" / "fsdp_probe.py"), str(run_dir), strategy, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=300)  # a 2-step probe takes about 40 s here
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err.decode()[-3000:]
     return torch.load(run_dir / "probe.pt")
 
 
@@ -103,7 +113,10 @@ def test_ranks_with_unequal_work_finish_instead_of_hanging(tiny_path: Path, tmp_
         port = s.getsockname()[1]
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     cmd = [sys.executable, str(ROOT / "tests" / "lockstep_probe.py"), str(tiny_path), str(tmp_path)]
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, cwd=ROOT, stderr=subprocess.PIPE) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(cmd, env={**env, "RANK": str(r)}, cwd=ROOT, stderr=subprocess.PIPE, start_new_session=True)
+        for r in (0, 1)
+    ]
     try:
         errors = [p.communicate(timeout=300)[1].decode()[-2000:] for p in procs]  # a hang times out here
     finally:
