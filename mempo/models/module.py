@@ -49,7 +49,7 @@ from mempo.losses import (
     policy_objective,
     trajectory_advantages,
 )
-from mempo.models.parallel import gather_objects, shard_for_strategy
+from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -134,12 +134,18 @@ class MemPOModule(L.LightningModule):
         self.last_task_ids: list[str] = []
         self.last_credit: list[dict[str, Any]] = []  # the step's memory-credit records (MemoryCreditFile writes them)
         self.chains = chains  # qid -> reasoning chain (synthetic data): the early-answer rate needs them
+        self.final_state: dict[str, torch.Tensor] | None = None  # a sharded policy's full weights (on_train_end)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy`` (``trainer=fsdp``): FSDP2 over the data-parallel ranks, the policy (fp32
         master weights, bf16 compute on GPUs) and the frozen reference alike (``mempo.lm.sharding``)."""
         shard_for_strategy(self, [self.policy, self.reference])
+
+    def on_train_end(self) -> None:
+        """A sharded policy's full weights for the HF export, gathered by every rank while the process group is
+        up: the vLLM engine's shutdown at fit end (``SamplerCallback.on_fit_end``) takes torch.distributed down."""
+        self.final_state = full_state_dict(self.policy)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # a list of Task: text, nothing to move

@@ -99,10 +99,11 @@ def make_trainer(cfg: DictConfig, out: Path, callbacks: list, **run: Any) -> L.T
     )
 
 
-def _export(policy: Any, tokenizer: Any, folder: Path, *, write: bool) -> Path:
+def _export(policy: Any, tokenizer: Any, folder: Path, *, write: bool, state: dict | None = None) -> Path:
     """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load). Every rank calls it
-    (a sharded policy is gathered by all); the one with ``write`` writes."""
-    state = full_state_dict(policy)
+    (a sharded policy is gathered by all, unless ``state`` holds its gathered weights); the one with ``write``
+    writes."""
+    state = state if state is not None else full_state_dict(policy)
     if not write:
         return folder
     tmp = temp_sibling(folder)
@@ -188,7 +189,7 @@ def fit_rl(
             attempts=e.attempts,
             last_error=e.last_error,
         ) from e
-    hf = _export(module.policy, module.tokenizer, out / "hf", write=trainer.is_global_zero)
+    hf = _export(module.policy, module.tokenizer, out / "hf", write=trainer.is_global_zero, state=module.final_state)
     curves = None
     if trainer.is_global_zero and (out / "metrics.csv").is_file():
         curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
