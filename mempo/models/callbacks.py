@@ -108,6 +108,9 @@ class SamplerCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.sampler = self.make_sampler(pl_module)
         pl_module.sampler = self.sampler
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the checkpoint is restored (ModelParallelStrategy restores after on_fit_start, DDP before it).
         if getattr(pl_module, "batches_done", 0) > 0:  # resumed: the engine loaded the starting weights
             self._push(pl_module)
 
@@ -250,7 +253,9 @@ class MetricsFile(StepTimer):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # on_train_start: after a resumed checkpoint is restored under every strategy (FSDP2 restores after
+        # on_fit_start), so batches_done is the checkpoint's.
         if not trainer.is_global_zero or not self.path.exists():
             return
         done = int(getattr(pl_module, "batches_done", 0))
@@ -299,7 +304,9 @@ class MemoryCreditFile(L.Callback):
         self.path = Path(path)
         self.table_rows = table_rows
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # on_train_start: after a resumed checkpoint is restored under every strategy (FSDP2 restores after
+        # on_fit_start), so batches_done is the checkpoint's.
         if not trainer.is_global_zero or not self.path.exists():
             return
         done = int(getattr(pl_module, "batches_done", 0))

@@ -87,12 +87,17 @@ def test_fsdp_writes_a_sharded_checkpoint_and_a_full_hf_folder(runs) -> None:
 
 @pytest.mark.slow
 def test_fsdp_one_step_resume_one_step_equals_two_steps(runs, tmp_path: Path) -> None:
-    _probe(tmp_path, "fsdp", "hf", "trainer.max_steps=1")
-    resumed = _probe(tmp_path, "fsdp", "hf", "trainer.max_steps=2", "resume=true")
+    """Through the separate engine, which restarts with the starting weights: the resumed run equals the
+    uninterrupted one only if the restored weights are pushed into it before step 2's rollout. FSDP2 restores the
+    checkpoint after ``on_fit_start``, so the push (and metrics.csv's trimming) must wait for ``on_train_start``."""
+    _probe(tmp_path, "fsdp", "separate", "trainer.max_steps=1")
+    resumed = _probe(tmp_path, "fsdp", "separate", "trainer.max_steps=2", "resume=true")
     assert list(resumed["weights"]) == [2]
     assert resumed["tasks"][2] == runs["fsdp"][1]["tasks"][2]
     for name, want in runs["fsdp"][1]["weights"][2].items():
         torch.testing.assert_close(resumed["weights"][2][name], want, rtol=0, atol=0, msg=name)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2]  # step 1's row kept across the resume
 
 
 @pytest.mark.slow
