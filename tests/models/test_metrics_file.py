@@ -47,6 +47,6 @@ def test_resume_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
         _step(cb, module, trainer, {"train/loss": float(i)})
     resumed = SimpleNamespace(batches_done=1, last_metrics={})
     cb2 = MetricsFile(path)
-    cb2.on_fit_start(trainer, resumed)
+    cb2.on_train_start(trainer, resumed)
     _step(cb2, resumed, trainer, {"train/loss": 9.0})
     assert [(r["step"], r["train/loss"]) for r in _rows(path)] == [("1", "0.0"), ("2", "9.0")]
