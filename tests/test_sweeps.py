@@ -1,6 +1,7 @@
 """Sweeps keep every run (issue 26). The bugs: every job of ``run.py -m ... seed=0,1 run_dir=D`` wrote into D (one
-metrics.csv, one checkpoint, seed 1's config), every run of a W&B sweep spec into runs/mempo, and a rerun without
-resume replaced a run without a word.
+metrics.csv, one checkpoint, seed 1's config), every run of a W&B sweep spec into runs/mempo, a rerun without
+resume replaced a run without a word, and the sweep specs ranked points by the training reward and compared the 7B
+GPU setting with CPU defaults.
 
 The multirun is real: ``experiments/run.py -m`` on the debug config in a subprocess (two jobs of seconds each).
 """
@@ -8,6 +9,7 @@ The multirun is real: ``experiments/run.py -m`` on the debug config in a subproc
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -16,11 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mempo.eval.sweep import write_sweep_report
 from mempo.stages import run_stage
-from mempo.stages.config import compose_config
+from mempo.stages.config import CONFIG_DIR, compose_config, validate_config
 from mempo.stages.rundir import RunDirError, claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,3 +127,50 @@ def test_an_fsdp_checkpoint_counts_like_a_file_and_overwrite_removes_only_the_ru
 def test_resume_and_overwrite_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="overwrite"):
         compose_config("resume=true", "overwrite=true")
+
+
+SPECS = sorted((ROOT / "experiments" / "sweeps").glob("*.yaml"))
+SETTING = ("model", "trainer", "data", "sampler", "optim", "ckpt", "eval", "loss", "env", "reward")  # like with like
+
+
+def grid(spec: dict) -> list[list[str]]:
+    """Every point of a grid spec as the overrides a W&B agent passes: the command's fixed ones, then the point's."""
+    fixed = [str(a) for a in spec["command"] if "=" in str(a) and not str(a).startswith("$")]
+    keys = list(spec["parameters"])
+    values = itertools.product(*(spec["parameters"][k]["values"] for k in keys))
+    return [fixed + [f"{k}={v}" for k, v in zip(keys, point)] for point in values]
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, sub in d.items():
+        out |= flat(sub, f"{prefix}{key}.") if isinstance(sub, dict) else {prefix + key: sub}
+    return out
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_every_sweep_spec_gives_each_point_its_own_run_dir_on_one_setting(path: Path, monkeypatch) -> None:
+    """Each point composed as a W&B agent runs it (WANDB_SWEEP_ID, and a WANDB_RUN_ID per run): its run folder is
+    Hydra's output folder (config.yaml's hydra.run.dir), which experiments/run.py makes run_dir."""
+    spec = yaml.safe_load(path.read_text())  # not OmegaConf: ${env} and ${program} are W&B's macros
+    assert spec["program"] == "experiments/run.py" and "${args_no_hyphens}" in spec["command"]
+    assert spec["metric"] == {"name": spec["metric"]["name"], "goal": "maximize"}
+    assert spec["metric"]["name"] in ("val/em", "val/f1")  # held-out validation, not the training reward
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    folders, settings = [], []
+    for i, overrides in enumerate(grid(spec)):
+        monkeypatch.setenv("WANDB_RUN_ID", f"run{i}")
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            composed = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        folders.append(Path(composed.hydra.run.dir))
+        plain = OmegaConf.to_container(composed)
+        del plain["hydra"]
+        cfg = validate_config(plain)
+        assert cfg.eval.every_n_steps > 0 and cfg.trainer.max_steps % cfg.eval.every_n_steps == 0  # val at the end
+        named = {k.lstrip("+") for k in spec["parameters"]}
+        settings.append({k: v for k, v in flat(OmegaConf.to_container(cfg)).items()
+                         if k.split(".")[0] in SETTING and k not in named})  # fmt: skip
+    assert len(set(folders)) == len(folders)  # every point (and every agent) apart
+    assert {f.parent for f in folders} == {Path(cfg.run_dir) / "sweep-abc123"}  # one sweep folder for the report
+    different = {k for s in settings[1:] for k in s if s[k] != settings[0].get(k)}
+    assert not different, f"{path.name}: points differ in {sorted(different)}, which no parameter names"
