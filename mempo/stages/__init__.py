@@ -123,8 +123,8 @@ def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any
         if reuses(cfg, step, run_dir):
             changes = config_changes(run_dir / "config.yaml", sub)
             note = f"; its config.yaml differs in {', '.join(changes)}" if changes else ""
-            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {run_dir}, finished earlier{note} (overwrite=true "
-                "trains it again)")  # fmt: skip
+            ways = "overwrite=true trains it again" + (", resume=true continues it" if step.stage == "rl" else "")
+            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {run_dir}, finished earlier{note} ({ways})")
             summary_file = run_dir / "summary.json"
             summary, status = (json.loads(summary_file.read_text()) if summary_file.is_file() else {}), "reused"
         else:
