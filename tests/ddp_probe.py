@@ -47,6 +47,6 @@ if __name__ == "__main__":
     cfg = compose_config(
         "+exp=ablation_nomem", "+debug=default", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
         "trainer.precision=32-true", "agent.max_turns=1", "sampler.max_new_tokens=8", "optim.lr=1e-3",
-        "advantage.estimator=probe_signed", f"run_dir={run_dir}",
+        "advantage.estimator=probe_signed", "eval.every_n_steps=0", f"run_dir={run_dir}",
     )  # fmt: skip
     fit_rl(cfg, callbacks=[Probe(run_dir)])

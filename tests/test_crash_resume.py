@@ -24,6 +24,7 @@ ARGS = [
     # The random tiny model's rewards are all 0, so every advantage is 0: with optim.skip_no_signal no AdamW step
     # would run and there would be no optimizer state whose continuation this test checks.
     "optim.skip_no_signal=false",
+    "eval.every_n_steps=0",  # no validation (the debug config's): the kill and the resume are what this tests
 ]
 
 

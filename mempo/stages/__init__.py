@@ -7,8 +7,10 @@
     headline  MemPO vs GRPO vs a ReAct agent as N grows                        mempo.stages.headline
 
 A composed stage (demo, headline) is a list of ``Step``s run by ``run_steps``: each step is another stage run with
-a few keys overridden, in its own folder of run_dir, and a step that trains a policy is skipped when that policy
-already exists (``reuse``).
+a few keys overridden, in its own folder of run_dir. A step that trains a policy is reused when it finished earlier
+(``reuse``, ``mempo.stages.rundir.finished``), and says so; overwrite=true trains it again, resume=true continues an
+RL step from its checkpoint. The composed stage passes its resume and overwrite to every step it runs, so a step's
+own folder check (``mempo.stages.rundir.claim_run_dir``) decides with them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.core.console import say, setup_console
 from mempo.stages.builders import run_path
 from mempo.stages.config import check_paths, validate_config
+from mempo.stages.rundir import finished
 
 StageFn = Callable[[DictConfig], dict[str, Any]]
 STAGES: dict[str, StageFn] = {}
@@ -67,8 +70,8 @@ def folders_arg(folders: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class Step:
     """One phase of a composed stage: the stage ``stage`` run on the composed stage's config plus ``overrides``,
-    in ``<run_dir>/<label>`` unless the overrides name another run_dir. ``reuse``: skip it when that folder already
-    holds its trained policy (``hf/config.json``)."""
+    in ``<run_dir>/<label>`` unless the overrides name another run_dir. ``reuse``: a phase that trains a policy,
+    reused when that folder holds its finished policy (``reuses``)."""
 
     label: str
     stage: str
@@ -77,22 +80,55 @@ class Step:
     reuse: bool = False
 
 
+def reuses(cfg: DictConfig, step: Step, run_dir: Path) -> bool:
+    """Whether ``step`` is reused rather than run: it trains a policy (``reuse``), finished earlier in ``run_dir``,
+    and neither overwrite=true (train every phase again) nor, for an RL step, resume=true (continue it from its
+    checkpoint: a finished run then trains only the steps it lacks) says otherwise."""
+    if not (step.reuse and finished(run_dir)) or cfg.overwrite:
+        return False
+    return not (cfg.resume and step.stage == "rl")
+
+
+IGNORED_CHANGES = ("run_dir", "resume", "overwrite", "verbose", "sweep")  # where or how, not what a phase trained
+
+
+def config_changes(saved: Path, cfg: DictConfig, *, limit: int = 4) -> list[str]:
+    """``key (old -> new)`` for each key whose value in a phase's saved ``config.yaml`` differs from ``cfg``'s
+    (not the keys of ``IGNORED_CHANGES``): what a reused phase was trained with that this run would change."""
+    if not saved.is_file():
+        return []
+
+    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix[:-1]: d}
+        return {k: v for key, sub in d.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+
+    old, new = flat(OmegaConf.to_container(OmegaConf.load(saved))), flat(OmegaConf.to_container(cfg))
+    keys = [k for k in dict.fromkeys([*new, *old]) if k.split(".")[0] not in IGNORED_CHANGES]
+    changed = [f"{k} ({old.get(k, '(unset)')} -> {new.get(k, '(unset)')})" for k in keys if old.get(k) != new.get(k)]
+    return changed[:limit] + ([f"{len(changed) - limit} more"] if len(changed) > limit else [])
+
+
 def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:
     """Run (or reuse) every step in order -> label -> {"summary", "status" (trained | reused), "seconds", "run_dir"}
-    ("trained" for a step that ran, whatever its stage)."""
+    ("trained" for a step that ran, whatever its stage). Each step that runs gets the composed stage's resume and
+    overwrite (its own folder check decides with them)."""
     out = run_path(cfg)
     done: dict[str, dict[str, Any]] = {}
     for i, step in enumerate(steps, start=1):
         t = time.perf_counter()
         run_dir = Path(step.overrides.get("run_dir", out / step.label))
-        hf = run_dir / "hf"
-        if step.reuse and (hf / "config.json").is_file():
-            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {hf} (delete it to train it again)")
+        keys = {"stage": step.stage, "run_dir": str(run_dir), "resume": cfg.resume, "overwrite": cfg.overwrite}
+        sub = with_overrides(cfg, {**keys, **step.overrides})
+        if reuses(cfg, step, run_dir):
+            changes = config_changes(run_dir / "config.yaml", sub)
+            note = f"; its config.yaml differs in {', '.join(changes)}" if changes else ""
+            ways = "overwrite=true trains it again" + (", resume=true continues it" if step.stage == "rl" else "")
+            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {run_dir}, finished earlier{note} ({ways})")
             summary_file = run_dir / "summary.json"
             summary, status = (json.loads(summary_file.read_text()) if summary_file.is_file() else {}), "reused"
         else:
             say(f"[mempo] {i}/{len(steps)} {step.label}: {step.title}")
-            sub = with_overrides(cfg, {"stage": step.stage, "run_dir": str(run_dir), **step.overrides})
             summary, status = STAGES[step.stage](sub), "trained"
         done[step.label] = {
             "summary": summary,

@@ -30,6 +30,7 @@ from mempo.rollout.env import EnvConfig
 from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
 from mempo.stages.plan import PlanConfig
+from mempo.stages.rundir import register_resolver
 
 LOGGERS = ("csv", "wandb")
 STAGES = ("rl", "sft", "eval", "demo", "headline")  # mempo.stages
@@ -109,13 +110,46 @@ class HeadlineConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """Where this run sits in a sweep: set by ``experiments/run.py`` from Hydra and the environment
+    (``mempo.stages.rundir.hydra_job``), not by hand, and recorded in every stage's summary.json.
+
+    kind: null (a single run) | hydra (a job of a Hydra multirun, ``-m``) | wandb (a run a W&B sweep agent started).
+    dir: the sweep's folder (hydra.sweep.dir, by default run_dir; for W&B <run_dir>/sweep-<sweep id>).
+    job: the job's number in the multirun, or its W&B run id; its folder is <dir>/<job> (Hydra's default subdir).
+    overrides: the job's command-line overrides (Hydra's hydra.overrides.task), also for a single run.
+    """
+
+    kind: str | None = None
+    dir: str | None = None
+    job: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        require("sweep", self, [("kind", self.kind in (None, "hydra", "wandb"), "must be null, hydra or wandb")])
+
+
+@dataclass(frozen=True)
 class RootConfig:
+    """The run: its stage, seed and folder, and one field per config group.
+
+    run_dir: every output of the run goes here; in a sweep, each job's own folder (``mempo.stages.rundir``).
+    resume: continue the RL run in run_dir from its last checkpoint (same step, optimizer state, RNG, data order).
+    overwrite: a training stage (rl, sft) deletes an earlier run's checkpoint, metrics, policy and summary in run_dir
+      and trains anew; without it (or resume) it refuses such a folder, naming it. A composed stage (demo,
+      headline) trains every phase again instead of reusing the ones it finished. Excludes resume.
+    verbose: third-party logs (vLLM, Lightning, warnings) on the console too; they always go to <run_dir>/run.log.
+    sweep: set by experiments/run.py (``SweepConfig``).
+    """
+
     name: str = "demo"
     stage: str = "demo"
     seed: int = 0
     run_dir: str = "runs/default"
     resume: bool = False
-    verbose: bool = False  # third-party logs on the console too (they always go to <run_dir>/run.log)
+    overwrite: bool = False
+    verbose: bool = False
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -136,7 +170,14 @@ class RootConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)  # experiments/plan.py
 
     def __post_init__(self) -> None:
-        require("", self, [("stage", self.stage in STAGES, one_of(STAGES))])
+        require(
+            "",
+            self,
+            [
+                ("stage", self.stage in STAGES, one_of(STAGES)),
+                ("overwrite", not (self.overwrite and self.resume), "and resume=true exclude each other"),
+            ],
+        )
 
 
 def schema() -> DictConfig:
@@ -238,3 +279,4 @@ def compose_config(*overrides: str, config_dir: str | Path = CONFIG_DIR) -> Dict
 
 
 register_schema()
+register_resolver()  # config.yaml's hydra.run.dir uses it

@@ -1,6 +1,8 @@
 """The ``eval`` stage (``stage=eval``, ``experiments/eval.py``): every checkpoint of ``eval.checkpoints`` (or
 ``model.name_or_path``) x ``eval.agents`` x ``eval.objectives`` on the same ``eval.split`` tasks, then the report in
 ``<run_dir>/eval/`` (``mempo.eval.report.write_report``: tables with intervals, results.jsonl, failures, figures).
+Unlike the training stages it may run in a folder that holds a run: it writes only into ``eval/``, and replaces an
+earlier evaluation there, saying so.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def run_eval(
     -> {"rows", "out", "files"}.
     """
     out = run_path(cfg, "eval") if out is None else Path(out)
+    if (out / "results.jsonl").is_file() or (out / "table.csv").is_file():
+        say(f"[mempo] eval: replacing the earlier evaluation in {out} (results.jsonl, tables, figures)")
     evaluation: EvalConfig = group(cfg, "eval")
     per_label = {label: replace(evaluation, agents=list(contexts)) for label, contexts in (agents or {}).items()}
     split = evaluation.split  # val: held-out tasks; train: the training world's, RL's task distribution

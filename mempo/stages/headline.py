@@ -11,7 +11,8 @@ get 2N + 1 + ``eval.turn_slack`` turns), each with its own agent:
 
 The RL arms differ from the run's config only by those deltas (and their warm start): the same trainer.max_steps,
 data sizes, seed and optimizer, so the same budget. A warm start or arm whose ``<run_dir>/<label>/hf/config.json``
-exists is reused, not retrained; ``headline.warm_start`` / ``headline.react_warm_start`` name warm starts elsewhere.
+exists is reused, not retrained (overwrite=true retrains it, resume=true continues an RL arm from its checkpoint);
+``headline.warm_start`` / ``headline.react_warm_start`` name warm starts elsewhere.
 
 Outputs: ``<run_dir>/eval/`` table.csv, table.md, f1_vs_n.png, pt_vs_n.png, tt_vs_n.png (``mempo.eval.headline``);
 ``<run_dir>/eval/grid/`` the evaluation's full report (results.jsonl, paired intervals, failure tallies);
@@ -34,6 +35,7 @@ from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
 from mempo.stages.config import CONFIG_DIR
 from mempo.stages.evaluate import run_eval
+from mempo.stages.rundir import run_record
 
 WARM_STARTS = {"warm_start": "memory", "react_warm_start": "full_history"}  # label -> agent.context of its SFT data
 RL_ARMS = {  # arm -> (its warm start, the experiment file whose delta it applies; None = the run's config as is)
@@ -131,6 +133,7 @@ def headline(cfg: DictConfig) -> dict[str, Any]:
         "ratios": ratios,
         "phases": phases,
         "files": {k: str(v) for k, v in files.items()} | {"grid": ev["out"]},
+        **run_record(cfg),
     }
     write_json(out / "summary.json", summary)
     say("\n" + files["table_md"].read_text())

@@ -46,6 +46,7 @@ from mempo.stages.builders import (
     synthetic_world,
 )
 from mempo.stages.config import check_paths, resolve_precision
+from mempo.stages.rundir import claim_run_dir, run_record
 
 # Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
 # update) by the module itself; batches are lists of tasks, which the module keeps on the host on purpose.
@@ -59,6 +60,17 @@ for _message in (
 
 def _seed(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+
+def _claim(cfg: DictConfig, stage: str) -> Path:
+    """run_dir, refused when it holds another run unless resume or overwrite says what to do with it
+    (``mempo.stages.rundir.claim_run_dir``); under DDP/FSDP only rank zero deletes what overwrite replaces."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    out = run_path(cfg)
+    claim_run_dir(out, stage=stage, resume=cfg.resume, overwrite=cfg.overwrite, remove=rank_zero_only.rank == 0)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _logger(cfg: DictConfig, out: Path) -> Any:
@@ -132,12 +144,13 @@ def fit_rl(
     callbacks: extra Lightning callbacks, run after the built-in ones (benchmarks time steps with one).
     A retriever that stays down (``RetrieverError`` after its retries) stops the run after saving the last
     completed step (``StepCheckpoint.on_exception``); rerun with ``resume=true`` once the server is back.
+    A run_dir that holds another run is refused before anything is written unless resume=true continues it or
+    overwrite=true replaces it (``mempo.stages.rundir.RunDirError``).
     """
     start = time.perf_counter()
     check_paths(cfg)
+    out = _claim(cfg, "rl")
     _seed(cfg)
-    out = run_path(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
@@ -202,6 +215,7 @@ def fit_rl(
         "checkpoint": str(ckpt.last_path),
         "curves": curves,
         "last_metrics": module.last_metrics,
+        **run_record(cfg),
     }
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
@@ -211,9 +225,8 @@ def fit_rl(
 @stage("sft")
 def train_sft(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
+    out = _claim(cfg, "sft")
     _seed(cfg)
-    out = run_path(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     m, s = cfg.model, cfg.sft
     policy, tokenizer = load_policy(
@@ -267,6 +280,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         "tok_per_s": module.tokens_seen / max(module.train_s, 1e-9),
         "wall_s": time.perf_counter() - start,
         "hf_folder": str(hf),
+        **run_record(cfg),
     }
     print(
         f"[mempo] warm start: {len(trajectories)} teacher tasks, {len(examples)} turns in {len(rows)} rows, "

@@ -58,6 +58,7 @@ def test_ddp_two_cpu_processes(tmp_path):
         "trainer.precision=32-true",
         "agent.max_turns=1",
         "sampler.max_new_tokens=8",
+        "eval.every_n_steps=0",  # no validation (the debug config's): the two processes are what this tests
         f"run_dir={tmp_path}",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -140,7 +140,10 @@ def test_batches_count_teacher_turns():
 
 
 @pytest.mark.parametrize("exp", ["sft", "demo"])
-def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp):
+def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp, capsys):
+    """The demo's second run reuses its warm start and RL policy, says so, and prints the same table. Regression
+    (issue 26): it trained RL again over the first run's checkpoint and policy without a word; with the training
+    stages' folder check it would have been refused."""
     summary = run_stage(make_cfg(f"+exp={exp}", "+debug=default", f"run_dir={tmp_path}"))
     assert summary["stage"] == exp
     if exp == "sft":
@@ -154,3 +157,14 @@ def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp):
         assert "rl - warm_start" in table and "[95% CI]" in table
         assert json.loads((tmp_path / "summary.json").read_text())["stage"] == "demo"
         assert (tmp_path / "rl" / "hf" / "config.json").is_file() and (tmp_path / "summary.md").is_file()
+        assert summary["status"] == {"sft": "trained", "rl": "trained", "eval": "trained"}
+        policy = (tmp_path / "rl" / "hf" / "model.safetensors").stat().st_mtime_ns
+        capsys.readouterr()
+        again = run_stage(make_cfg(f"+exp={exp}", "+debug=default", f"run_dir={tmp_path}"))
+        said = capsys.readouterr().out
+        assert again["status"] == {"sft": "reused", "rl": "reused", "eval": "trained"}
+        assert f"1/3 sft: reusing {tmp_path / 'sft'}" in said and f"2/3 rl: reusing {tmp_path / 'rl'}" in said
+        assert "replacing the earlier evaluation" in said and "differs" not in said
+        assert (tmp_path / "rl" / "hf" / "model.safetensors").stat().st_mtime_ns == policy
+        assert again["eval"] == summary["eval"] and (tmp_path / "summary.md").read_text() == table
+        assert table.splitlines()[0] in said  # the same table on the console
