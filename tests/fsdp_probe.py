@@ -8,8 +8,8 @@ policy weights after each step, "tasks": each rank's tasks per step}. Sampler ``
 policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy of the starting weights, so
 every step pushes the policy's gathered weights into it and the canary checks that they landed.
 
-Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here: a nonzero
-gradient whatever the rewards (the random tiny model earns none).
+Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here, by importing it
+from tests/ddp_probe.py (the script's folder is on the path): a nonzero gradient whatever the rewards.
 """
 
 from __future__ import annotations
@@ -21,20 +21,14 @@ from typing import Any
 
 import lightning as L
 import torch
+from ddp_probe import _signed  # noqa: F401 (registers the probe_signed estimator)
 
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.lm.sharding import full_tensors
-from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.models.parallel import gather_objects
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.stages.config import compose_config
 from mempo.stages.train import fit_rl
-
-
-@register_advantage("probe_signed", needs_memory_scores=True)  # memories scored, as for MemPO
-def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
-    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
-    return sign[:, None] * x.response_mask.float()
 
 
 class Probe(L.Callback):
