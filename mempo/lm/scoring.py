@@ -28,6 +28,16 @@ def length_sorted_batches(lengths: Sequence[int], micro_batch_size: int) -> list
     return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
 
 
+def lockstep_batches(
+    lengths: Sequence[int], micro_batch_size: int, model: torch.nn.Module
+) -> tuple[list[list[int]], int]:
+    """``length_sorted_batches``, and how many idle micro-batches this rank adds to match the busiest rank when
+    ``model`` is sharded (0 otherwise). Agreed before the first forward: collectives come in the same order on
+    every rank."""
+    batches = length_sorted_batches(lengths, micro_batch_size)
+    return batches, lockstep_count(len(batches), model) - len(batches)
+
+
 @torch.no_grad()
 def answer_probabilities(
     model: torch.nn.Module,
@@ -47,8 +57,7 @@ def answer_probabilities(
     out = torch.zeros(len(prompts), dtype=torch.float32)
     device = next(model.parameters()).device
     lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
-    batches = length_sorted_batches(lengths, micro_batch_size)
-    idle = lockstep_count(len(batches), model) - len(batches)  # sharded: as many forwards as the busiest rank
+    batches, idle = lockstep_batches(lengths, micro_batch_size, model)
     for idx in batches:
         ids, mask = right_pad([list(prompts[i]) + list(answers[i]) for i in idx], pad_id)
         ans_mask = torch.zeros_like(mask)
@@ -118,8 +127,7 @@ def sequence_logprobs(
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device
     lengths = attention_mask.sum(-1).tolist()
-    batches = length_sorted_batches(lengths, micro_batch_size)
-    idle = lockstep_count(len(batches), model) - len(batches)  # sharded: as many forwards as the busiest rank
+    batches, idle = lockstep_batches(lengths, micro_batch_size, model)
     for idx in batches:
         t_len = int(max(lengths[i] for i in idx))
         ids = input_ids[idx, :t_len].to(device)

@@ -35,8 +35,8 @@ from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records
 from mempo.lm.logprobs import token_logprobs
-from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
-from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
+from mempo.lm.scoring import lockstep_batches, memory_answer_probabilities, sequence_logprobs
+from mempo.lm.sharding import idle_forward, is_sharded, scalar
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -373,10 +373,9 @@ class MemPOModule(L.LightningModule):
         grad_norm = 0.0
         for _ in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
-            micro_batches = length_sorted_batches(lengths, self.optim_cfg.micro_batch_size)
+            micro_batches, idle = lockstep_batches(lengths, self.optim_cfg.micro_batch_size, self.policy)
             # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0).
-            n_calls = lockstep_count(len(micro_batches), self.policy)
-            for _ in range(n_calls - len(micro_batches)):
+            for _ in range(idle):
                 self.manual_backward(0.0 * idle_forward(self.policy))
             for j, idx in enumerate(micro_batches):
                 t_len = int(max(lengths[i] for i in idx))
