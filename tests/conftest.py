@@ -26,6 +26,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # W&B without an API key raises unless a mode is set; tests never reach the network.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# pyproject's addopts run the suite in two pytest-xdist workers: each takes its share of the cores for torch, so two
+# workers in a compute-heavy stretch do not oversubscribe them (subprocesses the tests start keep their defaults).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 _PERSISTENT_CACHE = cache_root()
 
 

@@ -3,13 +3,15 @@ recording what tests/models/test_fsdp.py compares (the ranks use different micro
 
     python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate] [override ...]
 
-Rank 0 writes ``RUN_DIR/probe.pt``: {"grads": the full step-1 gradients (before clipping), "weights": the full
-policy weights after each step, "tasks": each rank's tasks per step}. Sampler ``hf`` generates with the (sharded)
-policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy of the starting weights, so
-every step pushes the policy's gathered weights into it and the canary checks that they landed.
+Every rank r writes ``RUN_DIR/probe-rank<r>.pt``: {"weights": the full policy weights after each step (a DDP rank's
+own replica; under FSDP gathered by all ranks), "tasks": every rank's tasks per step, "grads": the full step-1
+gradients (before clipping; rank 0 only)}. A resumed run starts its records at the resumed step. Sampler ``hf``
+generates with the (sharded) policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy
+of the starting weights, so every step pushes the policy's gathered weights into it and the canary checks that they
+landed.
 
-Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here, by importing it
-from tests/ddp_probe.py (the script's folder is on the path): a nonzero gradient whatever the rewards.
+Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here (conftest's is not
+loaded in a subprocess): a nonzero gradient whatever the rewards, so equal weights mean synchronized updates.
 """
 
 from __future__ import annotations
@@ -21,14 +23,20 @@ from typing import Any
 
 import lightning as L
 import torch
-from ddp_probe import _signed  # noqa: F401 (registers the probe_signed estimator)
 
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.lm.sharding import full_tensors
+from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.models.parallel import gather_objects
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.stages.config import compose_config
 from mempo.stages.train import fit_rl
+
+
+@register_advantage("probe_signed", needs_memory_scores=True)  # memories scored, as for MemPO
+def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
+    sign = 1.0 - 2.0 * (x.traj_ids % 2).float()  # [N]
+    return sign[:, None] * x.response_mask.float()
 
 
 class Probe(L.Callback):
@@ -37,16 +45,16 @@ class Probe(L.Callback):
         self.record: dict[str, Any] = {"grads": None, "weights": {}, "tasks": {}}
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
-        if self.record["grads"] is None:  # every rank gathers (a collective), rank 0 keeps
+        if self.record["grads"] is None and pl_module.batches_done == 0:  # every rank gathers (a collective)
             grads = {n: p.grad for n, p in pl_module.policy.named_parameters() if p.grad is not None}
-            self.record["grads"] = {n: g.clone() for n, g in full_tensors(grads)}
+            gathered = {n: g.clone() for n, g in full_tensors(grads)}
+            self.record["grads"] = gathered if trainer.is_global_zero else None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
         step = pl_module.batches_done
         self.record["weights"][step] = {n: t.clone() for n, t in full_tensors(pl_module.policy.state_dict())}
         self.record["tasks"][step] = gather_objects(pl_module.last_task_ids)
-        if trainer.is_global_zero:
-            torch.save(self.record, self.out / "probe.pt")
+        torch.save(self.record, self.out / f"probe-rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":
