@@ -36,7 +36,8 @@ SECTIONS = {
     "trl": "benchmarks.trl_compare",
 }
 # (section, key, target, direction): the targets on this machine. trl.ratio is the ratio of the medians of
-# at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict).
+# at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict). A figure whose
+# ``<key>_range`` (the lowest and highest ratio of any repeat pair) spans its target is reported as inconclusive.
 TARGETS = [
     ("sampler", "vllm_vs_raw", 0.9, ">="),
     ("trl", "ratio", 0.5, "<="),
@@ -60,7 +61,17 @@ def _fmt(value: Any) -> str:
 def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     s = results.get("sampler", {})
-    for key in ("raw_vllm_tok_per_s", "vllm_tok_per_s", "hf_tok_per_s", "vllm_vs_raw", "push_s"):
+    for key in (
+        "raw_vllm_tok_per_s",
+        "raw_vllm_tok_per_s_range",
+        "vllm_tok_per_s",
+        "vllm_tok_per_s_range",
+        "hf_tok_per_s",
+        "vllm_vs_raw",
+        "vllm_vs_raw_range",
+        "repeats",
+        "push_s",
+    ):
         rows.append((f"sampler.{key}", _fmt(s.get(key, s.get("error")))))
     st = results.get("step", {})
     for b, r in st.get("by_batch", {}).items():
@@ -104,6 +115,8 @@ def target_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         elif isinstance(steps, int) and steps < MIN_TIMED_STEPS:  # one step's ratio is too noisy to judge
             verdict = f"{steps} timed step(s): the target is judged on the median of >= {MIN_TIMED_STEPS}"
         span = results[section].get(f"{key}_range")
+        if span and verdict in ("met", "MISSED") and min(span) <= target <= max(span):
+            verdict = f"inconclusive: the range of its repeats spans the target ({verdict} by the median)"
         shown = f"{value:.3g}" + (f" (range {_fmt(span)})" if span else "")
         rows.append((f"{section}.{key} {op} {target}", f"{shown}: {verdict}"))
     return rows

@@ -11,8 +11,17 @@ SmolLM2-135M-Instruct (mempo's default), on the CPU.
 The task: K single-objective questions of mempo's synthetic world per step (the batches mempo's data stream
 yields; the script asserts both sides trained on the same tasks), each prompt exactly the first-turn prompt of
 mempo's agent (``PromptBuilder.memory_prompt``). TRL gets it as plain text (its decoding; asserted to tokenize back
-to the same ids) and scores completions with mempo's reward (``parse_turn`` + ``trajectory_reward``, the text cut
-after the first stop string). Temperature 1, lr 5e-6, no KL, bf16 autocast over fp32 weights, one optimizer step.
+to the same ids). Both sides score completions with mempo's reward (``parse_turn`` + ``trajectory_reward``, TRL's text
+cut after the first stop string) of kind ``format``: 1 for a well-formed turn, whatever it answers. The base model's
+single-turn answers earn nothing under a task reward (EM, F1), so every group's advantages would be 0; the format
+reward gives groups signal on both sides, so both update. Temperature 1, lr 5e-6, no KL, bf16 autocast over fp32
+weights, one optimizer step.
+
+Both sides do the same work in every timed step: mempo runs with ``optim.skip_no_signal=false`` (TRL steps on
+all-zero advantages too; mempo's training default skips such an update, which once made this comparison time
+generation alone), and each timed step is checked: the weights changed (a fingerprint of every parameter before
+and after), mempo's ``perf/update_s`` is at least ``UPDATE_FLOOR_S``, TRL's optimizer step count advanced. A side
+that skipped work raises ``SkippedWorkError`` naming the step, and no ratio is reported.
 
 A step is wall time from the trainer's step-begin hook to its step-end hook: generation, reward, log-prob forwards,
 backward, optimizer step and the weight push into vLLM. mempo: ``fit_rl`` on the composed experiments/configs with
@@ -40,7 +49,8 @@ Output (``--json``, and the ``trl`` section of benchmarks/results/latest.json; s
   mempo_steps_s, trl_steps_s            every timed step, in order
   ratio                                 mempo_step_s / trl_step_s (the target: <= 0.5)
   ratio_range                           [min mempo / max TRL, max mempo / min TRL]: the lowest and highest ratio
-                                        of any mempo step to any TRL step
+                                        of any mempo step to any TRL step (``benchmarks.run`` calls a target
+                                        inside this range inconclusive)
   trl_config                            the TRL configuration with the lowest median
   trl_runs                              per configuration: median seconds, or the error it failed with
   trl_steps_s_by_config                 per configuration that ran: every timed step
@@ -50,6 +60,8 @@ Output (``--json``, and the ``trl`` section of benchmarks/results/latest.json; s
   trl_gen_tokens_by_config              the same per TRL configuration that ran
   mean_completion_tokens                per side (mempo, each TRL configuration): tokens per completion
   K, G, max_new_tokens                  prompts per step, completions per prompt, the completion limit
+  reward_kind, mempo_reward_mean        both sides' reward kind; mempo's mean reward in each timed step
+  updates_checked                       true: every timed step of every side that ran was checked to update
   timed_steps, warmup_steps             timed steps per side (``--steps``) and untimed warm-up steps before them
   quick, wall_s                         ``--quick``, and the whole script's wall time
 """
@@ -80,6 +92,42 @@ WARMUP_STEPS = 1  # per side, untimed: a process's first step pays one-time cost
 # the ``bench`` extra of pyproject.toml when MEMPO_BENCH=1).
 BENCH_EXTRA = ("trl", "datasets")
 INSTALL_BENCH = "MEMPO_BENCH=1 bash scripts/setup.sh"
+# A skipped update takes about 1e-3 s (mempo's split read ``update_s 0.001`` when ``optim.skip_no_signal`` skipped
+# every step); one forward and backward of the 135M model over K x G completions takes seconds on a CPU.
+UPDATE_FLOOR_S = 0.05
+REWARD_KIND = "format"  # both sides: a reward the base model earns on some completions and not others (see above)
+
+
+class SkippedWorkError(RuntimeError):
+    """A timed step of one side made no update: there is no fair ratio to report."""
+
+
+def fingerprint(model: Any) -> Any:
+    """A copy of the first 4096 elements of every parameter: an AdamW step on a nonzero gradient moves some of them."""
+    import torch
+
+    return torch.cat([p.detach().reshape(-1)[:4096].float().cpu() for p in model.parameters()])
+
+
+def optimizer_steps(optimizer: Any) -> int:
+    """The step count AdamW keeps per parameter (the largest; 0 before the first step); unwraps accelerate's
+    ``AcceleratedOptimizer``."""
+    state = getattr(optimizer, "optimizer", optimizer).state
+    return max((int(st["step"]) for st in state.values() if "step" in st), default=0)
+
+
+def skipped_work(steps: Sequence[dict[str, Any]]) -> list[str]:
+    """What each timed step failed to do: change the weights, take an optimizer step, spend ``UPDATE_FLOOR_S`` in
+    its update (each checked where the side records it)."""
+    problems = []
+    for i, st in enumerate(steps[WARMUP_STEPS:], 1):
+        if not st.get("updated", False):
+            problems.append(f"timed step {i}: the weights did not change")
+        if "optimizer_steps" in st and st["optimizer_steps"] < 1:
+            problems.append(f"timed step {i}: the optimizer did not step")
+        if "update_s" in st and st["update_s"] < UPDATE_FLOOR_S:
+            problems.append(f"timed step {i}: update took {st['update_s']:.4f} s (< {UPDATE_FLOOR_S} s: skipped)")
+    return problems
 
 
 def bench_extra_message(why: str) -> str:
@@ -106,6 +154,8 @@ def compose(s: dict[str, Any], run_dir: str) -> Any:
         "seed": 0,
         "agent.max_turns": 1,
         "advantage.estimator": "grpo",
+        "reward.kind": REWARD_KIND,
+        "optim.skip_no_signal": False,  # TRL steps on all-zero advantages too: both sides always run the update
         "memory.alpha": 0,
         "loss.kl_coef": 0,
         "data.objectives": 1,
@@ -117,7 +167,7 @@ def compose(s: dict[str, Any], run_dir: str) -> Any:
         "trainer.max_steps": s["steps"],
         "ckpt.every_n_steps": 1000,  # a checkpoint is not part of a step (TRL: save_strategy="no")
     }
-    return compose_config(*(f"{k}={v}" for k, v in overrides.items()))
+    return compose_config(*(f"{k}={v}" for k, v in overrides.items()), *s.get("overrides", ()))
 
 
 def run_mempo(s: dict[str, Any], work: str) -> dict[str, Any]:
@@ -129,14 +179,19 @@ def run_mempo(s: dict[str, Any], work: str) -> dict[str, Any]:
 
     class StepTimer(L.Callback):
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            self.before = fingerprint(module.policy)
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            seconds = time.perf_counter() - self.t0
             m = module.last_metrics
             tokens = round(m["perf/gen_tok_per_s"] * m["perf/generate_s"])
             split = {k[5:]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and "tok" not in k}
-            ids = [t.task_id for t in batch]
-            steps.append({"s": time.perf_counter() - self.t0, "tokens": tokens, "split": split, "tasks": ids})
+            steps.append({
+                "s": seconds, "tokens": tokens, "split": split, "tasks": [t.task_id for t in batch],
+                "update_s": m["perf/update_s"], "updated": not fingerprint(module.policy).equal(self.before),
+                "reward_mean": m.get("rollout/reward_mean"),
+            })  # fmt: skip
 
     cfg = compose(s, str(Path(work) / "mempo"))
     fit_rl(cfg, callbacks=[StepTimer()])
@@ -195,17 +250,24 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
         for text, i in zip(completions, task_idx):
             parsed = parse_turn(first_stop(text, tags.stop_strings()), tags)
             answer = parsed.argument if parsed.ok and parsed.action == "answer" else None
-            out.append(trajectory_reward(answer, rows[i]["gold"], format_ok=parsed.ok))
+            out.append(trajectory_reward(answer, rows[i]["gold"], format_ok=parsed.ok, kind=s["reward_kind"]))
         return out
 
     times: list[float] = []
+    work: list[dict[str, Any]] = []  # per step: did the weights change, how many optimizer steps
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.before = fingerprint(kwargs["model"]), optimizer_steps(kwargs["optimizer"])
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             times.append(time.perf_counter() - self.t0)
+            weights, opt_steps = self.before
+            work.append({
+                "updated": not fingerprint(kwargs["model"]).equal(weights),
+                "optimizer_steps": optimizer_steps(kwargs["optimizer"]) - opt_steps,
+            })  # fmt: skip
 
     K, G, n = s["K"], s["G"], s["max_new_tokens"]
     extra: dict[str, Any] = {"gradient_checkpointing": name == "hf_gc"}
@@ -248,8 +310,9 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
     trainer.add_callback(StepTimer())
     trainer.train()
     assert args.steps_per_generation == 1 and args.generation_batch_size == K * G, "one generation per step"
-    assert len(times) == len(tokens) == s["steps"], (times, tokens)
-    return {"steps": [{"s": t, "tokens": k, "tasks": i} for t, k, i in zip(times, tokens, seen)], "config": name}
+    assert len(times) == len(tokens) == len(work) == s["steps"], (times, tokens, work)
+    steps = [{"s": t, "tokens": k, "tasks": i, **w} for t, k, i, w in zip(times, tokens, seen, work)]
+    return {"steps": steps, "config": name}
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
@@ -274,6 +337,10 @@ def compare(mempo: dict[str, Any], trl: dict[str, dict[str, Any]], s: dict[str, 
     for c, r in trl.items():  # both sides trained on the same prompts, step by step
         if "error" not in r:
             assert [sorted(x["tasks"]) for x in r["steps"]] == [sorted(x["tasks"]) for x in mempo["steps"]], c
+    problems = [f"mempo: {p}" for p in skipped_work(mempo["steps"])]
+    problems += [f"trl:{c}: {p}" for c, r in trl.items() if "error" not in r for p in skipped_work(r["steps"])]
+    if problems:
+        raise SkippedWorkError("a side skipped work, so no ratio is reported: " + "; ".join(problems))
     m = summarize(mempo)
     ran = {c: summarize(r) for c, r in trl.items() if "error" not in r}
     if not ran:
@@ -308,6 +375,9 @@ def compare(mempo: dict[str, Any], trl: dict[str, dict[str, Any]], s: dict[str, 
         "K": s["K"],
         "G": s["G"],
         "max_new_tokens": s["max_new_tokens"],
+        "reward_kind": s.get("reward_kind"),
+        "mempo_reward_mean": [st.get("reward_mean") for st in mempo["steps"][WARMUP_STEPS:]],
+        "updates_checked": True,
         "timed_steps": timed,
         "warmup_steps": WARMUP_STEPS,
     }
@@ -389,7 +459,7 @@ def main() -> None:
         raise SystemExit(f"error: {e}") from None
 
     K, n = (2, 32) if args.quick else (4, 64)
-    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps}
+    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps, "reward_kind": REWARD_KIND}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl_compare-") as work:
         s["prompts"] = task_rows(s)

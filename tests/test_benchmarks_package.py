@@ -105,10 +105,11 @@ def call(function: str, *args: object) -> object:
 
 
 def side(seconds: list[float], tokens: int, split: bool = False) -> dict[str, object]:
-    """A side's result as its child process writes it: one warm-up step, then the timed ones."""
-    steps = [{"s": s, "tokens": tokens, "tasks": [f"task{i}"]} for i, s in enumerate(seconds)]
-    for st in steps if split else []:
-        st["split"] = {"generate": st["s"] / 4}
+    """A side's result as its child process writes it: one warm-up step, then the timed ones, each of which changed
+    the weights (and recorded its update time, mempo, or its optimizer steps, TRL)."""
+    steps = [{"s": s, "tokens": tokens, "tasks": [f"task{i}"], "updated": True} for i, s in enumerate(seconds)]
+    for st in steps:
+        st |= {"split": {"generate": st["s"] / 4}, "update_s": st["s"] / 2} if split else {"optimizer_steps": 1}
     return {"steps": steps}
 
 
@@ -137,11 +138,71 @@ def test_the_trl_comparison_reports_medians_and_ranges_of_the_timed_steps():
     assert r["mempo_split"] == {"generate": round((10 + 14 + 11) / 4 / 3, 3)}
 
 
-@pytest.mark.parametrize(("steps", "verdict"), [(3, "met"), (1, "1 timed step(s): the target is judged on the median")])
-def test_the_suite_judges_the_trl_target_on_a_median_of_at_least_3_steps(steps, verdict):
-    trl = {"ratio": 0.458, "ratio_range": [0.333, 0.636], "timed_steps": steps, "quick": False}
+@pytest.mark.parametrize(
+    ("steps", "span", "verdict"),
+    [
+        (3, [0.333, 0.482], "met"),
+        (3, [0.333, 0.636], "inconclusive: the range of its repeats spans the target (met by the median)"),
+        (1, [0.333, 0.482], "1 timed step(s): the target is judged on the median"),
+    ],
+)
+def test_the_suite_judges_the_trl_target_on_a_median_of_at_least_3_steps_whose_range_clears_it(steps, span, verdict):
+    trl = {"ratio": 0.458, "ratio_range": span, "timed_steps": steps, "quick": False}
     rows = dict(call("benchmarks.run:target_rows", {"trl": trl}))
-    assert rows["trl.ratio <= 0.5"].startswith(f"0.458 (range 0.333-0.636): {verdict}")
+    assert rows["trl.ratio <= 0.5"].startswith(f"0.458 (range {span[0]:.3g}-{span[1]:.3g}): {verdict}")
+
+
+def test_the_sampler_target_is_inconclusive_when_its_repeats_straddle_it():
+    sampler = {"vllm_vs_raw": 0.96, "vllm_vs_raw_range": [0.87, 1.05], "quick": False}
+    rows = dict(call("benchmarks.run:target_rows", {"sampler": sampler}))
+    assert rows["sampler.vllm_vs_raw >= 0.9"].startswith("0.96 (range 0.87-1.05): inconclusive")
+    rows = dict(call("benchmarks.run:summary_rows", {"sampler": sampler | {"repeats": 5}}))
+    assert (rows["sampler.vllm_vs_raw_range"], rows["sampler.repeats"]) == ("0.87-1.05", "5")
+
+
+@pytest.mark.parametrize(
+    ("which", "change", "problem"),
+    [
+        ("mempo", {"updated": False}, "mempo: timed step 2: the weights did not change"),
+        ("mempo", {"update_s": 0.001}, "mempo: timed step 2: update took 0.0010 s (< 0.05 s: skipped)"),
+        ("trl", {"optimizer_steps": 0}, "trl:hf: timed step 2: the optimizer did not step"),
+        ("trl", {"updated": False}, "trl:hf: timed step 2: the weights did not change"),
+    ],
+)
+def test_a_comparison_in_which_a_side_skipped_an_update_is_refused(which, change, problem):
+    from benchmarks.trl_compare import SkippedWorkError, compare
+
+    mempo, trl = side([50, 10, 14, 11], 40, split=True), {"hf": side([60, 24, 30, 22], 48)}
+    (mempo if which == "mempo" else trl["hf"])["steps"][2] |= change
+    with pytest.raises(SkippedWorkError, match="no ratio is reported") as e:
+        compare(mempo, trl, {"K": 2, "G": 4, "max_new_tokens": 32, "steps": 4})
+    assert problem in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_mempo_side_records_a_skipped_update_and_the_comparison_refuses_it(tiny_path, tmp_path):
+    """The real mempo side on a small config: the random tiny model earns no reward, and with ``skip_no_signal``
+    (the training default, which the benchmark turns off) its steps update nothing; the recorded steps say so."""
+    from benchmarks.trl_compare import SkippedWorkError, compare, run_mempo
+
+    s = {"K": 2, "G": 2, "max_new_tokens": 8, "steps": 2, "overrides": [
+        f"model.name_or_path={tiny_path}", "sampler=hf", "reward.kind=all_em", "optim.skip_no_signal=true",
+        "trainer.precision=32-true", "+debug=default", "eval.every_n_steps=0",
+    ]}  # fmt: skip
+    mempo = run_mempo(s, str(tmp_path))
+    assert [st["updated"] for st in mempo["steps"]] == [False, False]
+    assert all(st["update_s"] < 0.05 and st["reward_mean"] == 0 for st in mempo["steps"])
+    trl = side([60, 24], 48)  # a TRL side that did its work, on the same tasks
+    for st, m in zip(trl["steps"], mempo["steps"]):
+        st["tasks"] = m["tasks"]
+    with pytest.raises(SkippedWorkError, match="mempo: timed step 1: the weights did not change"):
+        compare(mempo, {"hf": trl}, s)
+    # The benchmark's setting: the update runs (it takes longer than a skipped one), but on all-zero advantages
+    # AdamW moves nothing, so the comparison also needs a reward with signal (the benchmark's ``format`` reward).
+    s["overrides"][3] = "optim.skip_no_signal=false"
+    ran = run_mempo(s, str(tmp_path / "again"))
+    assert min(st["update_s"] for st in ran["steps"]) > max(st["update_s"] for st in mempo["steps"])
+    assert [st["updated"] for st in ran["steps"]] == [False, False]
 
 
 def test_the_trl_comparison_times_3_steps_by_default_and_warns_below():
