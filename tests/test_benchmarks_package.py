@@ -181,33 +181,43 @@ def test_a_comparison_in_which_a_side_skipped_an_update_is_refused(which, change
 
 @pytest.mark.slow
 def test_the_mempo_side_records_a_skipped_update_and_the_comparison_refuses_it(tiny_path, tmp_path):
-    """The real mempo side on a small config: the random tiny model earns no reward, and with ``skip_no_signal``
-    (the training default, which the benchmark turns off) its steps update nothing; the recorded steps say so."""
+    """The real mempo side on a small config (the tiny model, HF sampling). With GRPO on the task reward, which the
+    random model never earns, and ``skip_no_signal`` (the training default) its steps update nothing: the recorded
+    steps say so and the comparison is refused. With the benchmark's own settings every step updates."""
     from benchmarks.trl_compare import SkippedWorkError, compare, run_mempo
 
-    s = {"K": 2, "G": 2, "max_new_tokens": 8, "steps": 2, "overrides": [
-        f"model.name_or_path={tiny_path}", "sampler=hf", "reward.kind=all_em", "optim.skip_no_signal=true",
-        "trainer.precision=32-true", "+debug=default", "eval.every_n_steps=0",
-    ]}  # fmt: skip
-    mempo = run_mempo(s, str(tmp_path))
-    assert [st["updated"] for st in mempo["steps"]] == [False, False]
-    assert all(st["update_s"] < 0.05 and st["reward_mean"] == 0 for st in mempo["steps"])
+    small = [f"model.name_or_path={tiny_path}", "sampler=hf", "trainer.precision=32-true", "+debug=default",
+             "eval.every_n_steps=0"]  # fmt: skip
+    s = {"K": 2, "G": 2, "max_new_tokens": 8, "steps": 2}
+    skipped = run_mempo(s | {"overrides": [*small, "advantage.estimator=grpo", "optim.skip_no_signal=true"]},
+                        str(tmp_path / "grpo"))  # fmt: skip
+    assert [st["updated"] for st in skipped["steps"]] == [False, False]
+    assert all(st["update_s"] < 0.05 and st["reward_mean"] == 0 for st in skipped["steps"])
     trl = side([60, 24], 48)  # a TRL side that did its work, on the same tasks
-    for st, m in zip(trl["steps"], mempo["steps"]):
+    for st, m in zip(trl["steps"], skipped["steps"]):
         st["tasks"] = m["tasks"]
     with pytest.raises(SkippedWorkError, match="mempo: timed step 1: the weights did not change"):
-        compare(mempo, {"hf": trl}, s)
-    # The benchmark's setting: the update runs (it takes longer than a skipped one), but on all-zero advantages
-    # AdamW moves nothing, so the comparison also needs a reward with signal (the benchmark's ``format`` reward).
-    s["overrides"][3] = "optim.skip_no_signal=false"
-    ran = run_mempo(s, str(tmp_path / "again"))
-    assert min(st["update_s"] for st in ran["steps"]) > max(st["update_s"] for st in mempo["steps"])
-    assert [st["updated"] for st in ran["steps"]] == [False, False]
+        compare(skipped, {"hf": trl}, s)
+    ran = run_mempo(s | {"overrides": small}, str(tmp_path / "bench"))
+    assert [st["updated"] for st in ran["steps"]] == [True, True]
+    assert min(st["update_s"] for st in ran["steps"]) > max(st["update_s"] for st in skipped["steps"])
 
 
-def test_the_trl_comparison_times_3_steps_by_default_and_warns_below():
-    assert "(default 3)" in " ".join(python("-m", "benchmarks.trl_compare", "--help").stdout.split())
-    out = python("-m", "benchmarks.trl_compare", "--steps", "0")
-    assert out.returncode == 2 and "--steps must be at least 1" in out.stderr
-    out = run_without(["trl"], ["--quick", "--steps", "2"])  # stops at the missing extra, after the warning
-    assert out.returncode == 1 and "warning: --steps 2: fewer than 3 timed steps" in out.stdout, out.stdout
+def test_both_sides_train_on_the_same_alternating_pattern():
+    import torch
+
+    from benchmarks.trl_compare import ALTERNATING, alternating_rewards, register_alternating
+    from mempo.losses import ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, MemoryConfig
+
+    assert alternating_rewards(8, 4) == [1.0, 0.0, 1.0, 0.0] * 2  # TRL: a prompt's G completions side by side
+    register_alternating()
+    register_alternating()  # once per process
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    x = AdvantageInputs(
+        rewards=torch.zeros(8), group_ids=groups, traj_ids=torch.arange(8), turn_ids=torch.zeros(8, dtype=torch.long),
+        mem_rewards=torch.zeros(8), mem_valid=torch.zeros(8, dtype=torch.bool), response_mask=torch.ones(8, 3, dtype=torch.bool),
+        mem_mask=torch.zeros(8, 3, dtype=torch.bool),
+    )  # fmt: skip
+    adv = ADVANTAGE_ESTIMATORS[ALTERNATING](x, MemoryConfig(), AdvantageConfig())[:, 0]
+    # rewards 1, 0, 1, 0 per group: mean 0.5, sample std 0.5774 -> z-scores +-0.866 (GRPO's, as TRL's)
+    torch.testing.assert_close(adv, torch.tensor([0.866, -0.866] * 4), rtol=0, atol=1e-3)

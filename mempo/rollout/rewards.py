@@ -98,17 +98,10 @@ def _mean_f1(scores: list[tuple[float, float]]) -> float:
     return sum(f1 for _, f1 in scores) / len(scores)
 
 
-def _format_only(scores: list[tuple[float, float]]) -> float:
-    return 1.0
-
-
 REWARD_KINDS: dict[str, Callable[[list[tuple[float, float]]], float]] = {
     "all_em": _all_em,  # default (mempo.md §2): 1 iff every objective is an exact match
     "mean_em": _mean_em,
     "mean_f1": _mean_f1,
-    # 1 for every well-formed rollout, whatever it answers: a shaping reward that pays the format alone. Not a task
-    # reward; benchmarks/trl_compare.py uses it so that an untrained model's groups have signal on both sides.
-    "format": _format_only,
 }
 
 
