@@ -215,8 +215,8 @@ def test_both_sides_train_on_the_same_alternating_pattern():
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     x = AdvantageInputs(
         rewards=torch.zeros(8), group_ids=groups, traj_ids=torch.arange(8), turn_ids=torch.zeros(8, dtype=torch.long),
-        mem_rewards=torch.zeros(8), mem_valid=torch.zeros(8, dtype=torch.bool), response_mask=torch.ones(8, 3, dtype=torch.bool),
-        mem_mask=torch.zeros(8, 3, dtype=torch.bool),
+        mem_rewards=torch.zeros(8), mem_valid=torch.zeros(8, dtype=torch.bool),
+        response_mask=torch.ones(8, 3, dtype=torch.bool), mem_mask=torch.zeros(8, 3, dtype=torch.bool),
     )  # fmt: skip
     adv = ADVANTAGE_ESTIMATORS[ALTERNATING](x, MemoryConfig(), AdvantageConfig())[:, 0]
     # rewards 1, 0, 1, 0 per group: mean 0.5, sample std 0.5774 -> z-scores +-0.866 (GRPO's, as TRL's)
