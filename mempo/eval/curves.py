@@ -67,6 +67,7 @@ def plot_runs(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"{len(labels)} labels for {len(run_dirs)} run dirs")
@@ -76,10 +77,11 @@ def plot_runs(
     (ax_r, ax_v), (ax_p, ax_t) = axes
     for i, (rows, name) in enumerate(zip(runs, names)):
         color = f"C{i % 10}"
+        dot = "o" if len(rows) <= 20 else None  # a short run: every step's point, not only the line between them
         for key, style, what in (("rollout/reward_mean", "-", "reward"), ("rollout/em_mean", ":", "EM")):
             steps, vals = _series(rows, key)
             if steps:
-                ax_r.plot(steps, vals, style, color=color, alpha=0.25, lw=1)
+                ax_r.plot(steps, vals, style, marker=dot, ms=3, color=color, alpha=0.25, lw=1)
                 ax_r.plot(steps, moving_average(vals, window), style, color=color, lw=2, label=f"{name} {what}")
         for key, style, marker in (("val/em", "-", "o"), ("val/f1", "--", "s")):
             steps, vals = _series(rows, key)
@@ -87,27 +89,34 @@ def plot_runs(
                 ax_v.plot(steps, vals, style, marker=marker, color=color, label=f"{name} {key.split('/')[1].upper()}")
         steps, vals = _series(rows, "memory/p_ans_mean")
         if steps:
-            ax_p.plot(steps, vals, color=color, alpha=0.25, lw=1)
+            ax_p.plot(steps, vals, marker=dot, ms=3, color=color, alpha=0.25, lw=1)
             ax_p.plot(steps, moving_average(vals, window), color=color, lw=2, label=name)
         steps, vals = _series(rows, "perf/tokens")
         if steps:
-            ax_t.plot(steps, vals, color=color, lw=1.5, label=f"{name} all tokens")
+            ax_t.plot(steps, vals, marker=dot, ms=3, color=color, lw=1.5, label=f"{name} all tokens")
         steps, vals = _series(rows, "perf/response_tokens")
         if steps:
-            ax_t.plot(steps, vals, "--", color=color, lw=1.5, label=f"{name} generated")
+            ax_t.plot(steps, vals, "--", marker=dot, ms=3, color=color, lw=1.5, label=f"{name} generated")
     ax_r.set_title(f"training reward and EM per step (bold: mean of last {window})")
     ax_v.set_title("validation (greedy, held-out tasks)")
     ax_p.set_title("P(gold answer | question, memory), mean per step")
     ax_t.set_title("tokens per step")
+    empty = {  # what an empty panel means, said as what the runs did
+        ax_r: "no rollout metrics in metrics.csv",
+        ax_v: "no in-training validation in these runs\n(eval.every_n_steps = 0, or more than their steps)",
+        ax_p: "no memories scored in these runs\n(memory.alpha = 0 and memory.log_p_ans = false)",
+        ax_t: "no token counts in metrics.csv",
+    }
     for ax, ylabel in ((ax_r, "mean over rollouts"), (ax_v, "mean over tasks"), (ax_p, "probability"),
                        (ax_t, "tokens")):  # fmt: skip
         ax.set_xlabel("RL step")
         ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no ticks at 1.2, 1.4, ...
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.text(0.5, 0.5, empty[ax], ha="center", va="center", transform=ax.transAxes, color="gray")
     ax_r.set_ylim(-0.02, 1.02)
     ax_v.set_ylim(-0.02, 1.02)
     ax_t.set_ylim(bottom=0)

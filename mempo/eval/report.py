@@ -118,24 +118,37 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
-    """F1 vs N, one line per checkpoint x agent."""
+    """F1 vs N, one line per checkpoint x agent, each point with its 95% bootstrap interval over tasks where the
+    rows carry one (``f1_lo``, ``f1_hi``); the series are set slightly apart along N so their intervals do not hide
+    each other (at a single N the figure is then its points side by side with their intervals)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colors = _colors(rows)
-    for (ckpt, agent), rs in _series(rows).items():
-        ax.plot(
-            [r["objectives"] for r in rs],
+    series = _series(rows)
+    ns = sorted({r["objectives"] for r in rows})
+    width = 0.3 * (min(b - a for a, b in zip(ns, ns[1:])) if len(ns) > 1 else 1)  # the spread of the series at one N
+    for i, ((ckpt, agent), rs) in enumerate(series.items()):
+        dx = (i - (len(series) - 1) / 2) * width / max(len(series) - 1, 1)
+        yerr = None
+        if all("f1_lo" in r and "f1_hi" in r for r in rs):
+            yerr = [[max(r["f1"] - r["f1_lo"], 0.0) for r in rs], [max(r["f1_hi"] - r["f1"], 0.0) for r in rs]]
+        ax.errorbar(
+            [r["objectives"] + dx for r in rs],
             [r["f1"] for r in rs],
-            AGENT_STYLES.get(agent, ":"),
+            yerr=yerr,
+            fmt=AGENT_STYLES.get(agent, ":"),
             marker="o",
+            capsize=3,
             color=colors[ckpt],
             label=f"{ckpt} / {AGENT_LABELS.get(agent, agent)}",
         )
     ax.set_xlabel("objectives per task (N)")
     ax.set_ylabel("F1 (mean over objectives and tasks)")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xticks(sorted({r["objectives"] for r in rows}))
-    ax.set_title(f"Answer F1 vs number of objectives ({num_tasks} tasks per N, greedy)")
+    ax.set_xticks(ns)
+    if len(ns) == 1:
+        ax.set_xlim(ns[0] - 0.5, ns[0] + 0.5)
+    ax.set_title(f"Answer F1 vs number of objectives ({num_tasks} tasks per N, greedy; bars: 95% CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -245,8 +258,9 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
         style = AGENT_STYLES.get(agent, ":")
         ax.plot(turns, mean, style, marker="o", color=colors[ckpt], label=label)
         ax.fill_between(turns, lo, hi, color=colors[ckpt], alpha=0.15)
-    if not groups:
-        ax.text(0.5, 0.5, "no well-formed memories were written", ha="center", va="center", transform=ax.transAxes)
+    if not groups:  # scoring was on (write_report draws nothing otherwise), and no memory agent wrote a <mem>
+        text = "memories were scored, but no memory agent wrote a well-formed <mem>"
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -259,19 +273,19 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
-    """``result`` (a ``GridResult``) -> files in ``out``; returns name -> path."""
+def write_report(out: Path, result: Any, *, num_tasks: int, memories_scored: bool = True) -> dict[str, Path]:
+    """``result`` (a ``GridResult``) -> files in ``out``; returns name -> path. Without ``memories_scored``
+    (``eval.score_memories=false``) there is no P(ans | q, m) to show: memory_p_ans.csv and p_ans_by_turn.png are
+    not written (and an earlier run's are removed from ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "results": out / "results.jsonl",
         "table_md": out / "table.md",
         "table_csv": out / "table.csv",
-        "memory_p_ans": out / "memory_p_ans.csv",
     }
     atomic_write_text(files["results"], "".join(json.dumps(r, default=str) + "\n" for r in result.records))
     atomic_write_text(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
     write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
-    write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
     files["intervals"] = out / "intervals.md"
     atomic_write_text(files["intervals"], interval_table(result.rows, result.records) + "\n")
     if result.failures:
@@ -283,7 +297,13 @@ def write_report(out: Path, result: Any, *, num_tasks: int) -> dict[str, Path]:
         )
     files["f1_vs_objectives"] = plot_f1(result.rows, out / "f1_vs_objectives.png", num_tasks=num_tasks)
     files["tokens_vs_objectives"] = plot_tokens(result.rows, out / "tokens_vs_objectives.png", num_tasks=num_tasks)
-    files["p_ans_by_turn"] = plot_p_ans(result.p_ans, out / "p_ans_by_turn.png")
+    if memories_scored:
+        files["memory_p_ans"] = out / "memory_p_ans.csv"
+        write_csv(files["memory_p_ans"], result.p_ans, P_ANS_COLUMNS)
+        files["p_ans_by_turn"] = plot_p_ans(result.p_ans, out / "p_ans_by_turn.png")
+    else:
+        for stale in ("memory_p_ans.csv", "p_ans_by_turn.png"):
+            (out / stale).unlink(missing_ok=True)
     return files
 
 

@@ -116,7 +116,8 @@ def run_eval(
         total.failures += res.failures
         del policy
     bar.close()
-    files = write_report(out, total, num_tasks=cfg.eval.num_tasks)
+    scored = any(ev.score_memories for ev in (evaluation, *per_label.values()))
+    files = write_report(out, total, num_tasks=cfg.eval.num_tasks, memories_scored=scored)
     if cfg.logger.kind == "wandb":
         log_to_wandb(cfg, total, files)
     return {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}

@@ -106,3 +106,34 @@ def test_report_files(scripted, tmp_path):
     for name in ("f1_vs_objectives", "tokens_vs_objectives", "p_ans_by_turn"):
         data = files[name].read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000, name
+
+
+def test_a_report_without_scored_memories_draws_no_memory_figure(scripted, tmp_path):
+    """eval.score_memories=false: no P(ans | q, m) exists, so no figure claims anything about memories (it once said
+    "no well-formed memories were written" whenever scoring was off); an earlier run's figure and CSV are removed."""
+    grid, _, _, _ = scripted
+    write_report(tmp_path, grid, num_tasks=1)
+    assert (tmp_path / "p_ans_by_turn.png").is_file() and (tmp_path / "memory_p_ans.csv").is_file()
+    files = write_report(tmp_path, grid, num_tasks=1, memories_scored=False)
+    assert "p_ans_by_turn" not in files and "memory_p_ans" not in files
+    assert not (tmp_path / "p_ans_by_turn.png").exists() and not (tmp_path / "memory_p_ans.csv").exists()
+    assert files["f1_vs_objectives"].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_f1_figure_draws_each_points_interval(monkeypatch, tmp_path):
+    """At a single N (the demo's), two checkpoints: both points with their 95% intervals, set apart along N."""
+    import matplotlib.axes
+
+    import mempo.eval.report as report
+
+    drawn = []
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda ax, x, y, **kw: drawn.append((x, y, kw["yerr"]))
+                        or real(ax, x, y, **kw))  # fmt: skip
+    rows = [{"checkpoint": c, "agent": "memory", "objectives": 2, "f1": f, "f1_lo": lo, "f1_hi": hi}
+            for c, f, lo, hi in (("warm_start", 0.4, 0.3, 0.55), ("rl", 0.5, 0.35, 0.6))]  # fmt: skip
+    report.plot_f1(rows, tmp_path / "f1.png", num_tasks=64)
+    (x0, y0, e0), (x1, y1, e1) = drawn
+    assert (y0, y1) == ([0.4], [0.5]) and x0[0] < 2 < x1[0]
+    assert_close(e0, [[0.1], [0.15]])  # distances below and above each mean
+    assert_close(e1, [[0.15], [0.1]])

@@ -57,3 +57,28 @@ def test_one_run_and_a_comparison_of_two_write_pngs(tmp_path) -> None:
         plot_runs([a, b], tmp_path / "x.png", labels=["only one"])
     main([str(a), str(b), "--out", str(tmp_path / "cli.png")])
     assert (tmp_path / "cli.png").is_file()
+
+
+def test_a_two_step_run_gets_whole_step_ticks_and_its_empty_panels_say_why(tmp_path, monkeypatch) -> None:
+    """The demo's 2-step RL figure once had ticks at 1.2, 1.4, ... and a validation panel that only said "not
+    logged"."""
+    import matplotlib.figure
+
+    seen = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kw):
+        fig.canvas.draw()
+        seen["ticks"] = [[t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]] for ax in fig.axes]
+        seen["texts"] = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+        return real(fig, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    run = write_metrics(tmp_path / "r", [{"step": s, "rollout/reward_mean": 0.1 * s, "perf/tokens": 900 + s}
+                                         for s in (1, 2)])  # fmt: skip
+    plot_runs([run], run / "curves.png")
+    assert all(float(t).is_integer() for ticks in seen["ticks"] for t in ticks)
+    reward, validation, p_ans, tokens = seen["texts"]
+    assert reward == tokens == []  # drawn
+    assert validation == ["no in-training validation in these runs\n(eval.every_n_steps = 0, or more than their steps)"]
+    assert p_ans[0].startswith("no memories scored in these runs")
