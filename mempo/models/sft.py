@@ -257,6 +257,7 @@ class SFTModule(L.LightningModule):
         self.tokens_seen = 0  # every token the model read (prompt + target), for throughput
         self.target_tokens_seen = 0
         self.train_s = 0.0
+        self.losses: list[float] = []  # each step's loss on this rank (the run summary's ``losses``)
         self._t0 = 0.0
 
     def configure_model(self) -> None:
@@ -277,6 +278,7 @@ class SFTModule(L.LightningModule):
         logp = token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], score_mask=target)  # [B, T]
         mask = target.to(logp.dtype)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        self.losses.append(float(loss.detach()))
         self.tokens_seen += int(batch["attention_mask"].sum())
         self.target_tokens_seen += int(target.sum())
         n = batch["input_ids"].shape[0]

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
 from mempo.data.datamodule import TaskDataModule
@@ -31,7 +32,7 @@ from mempo.models.callbacks import (
 )
 from mempo.models.module import MemPOModule
 from mempo.models.parallel import FSDP2Strategy, full_state_dict
-from mempo.models.sft import SFTModule, build_sft_examples, pack_turns, sft_dataloader
+from mempo.models.sft import SFTExample, SFTModule, SFTSequence, build_sft_examples, pack_turns, sft_dataloader
 from mempo.rollout.retrievers import RetrieverError
 from mempo.stages import stage
 from mempo.stages.builders import (
@@ -222,18 +223,11 @@ def fit_rl(
     return module, summary
 
 
-@stage("sft")
-def train_sft(cfg: DictConfig) -> dict[str, Any]:
-    start = time.perf_counter()
-    out = _claim(cfg, "sft")
-    _seed(cfg)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    m, s = cfg.model, cfg.sft
-    policy, tokenizer = load_policy(
-        resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code
-    )
-    if m.gradient_checkpointing:  # long full-history examples: activations of one layer at a time in backward
-        policy.gradient_checkpointing_enable()
+def sft_data(cfg: DictConfig, tokenizer: Any) -> tuple[list, list[SFTExample], list[SFTSequence], DataLoader]:
+    """The warm start's data as the sft stage trains on it -> (teacher trajectories, their turns replayed through the
+    agent's prompt builder and environment, the training rows, the loader whose batches are the optimizer steps in
+    order). tests/models/test_sft_pin.py pins these batches on a small config."""
+    s = cfg.sft
     if s.trajectories:
         trajectories = load_trajectories_jsonl(s.trajectories)
     else:  # one task set per entry of sft.objectives (e.g. [1, 2]: single- and two-question tasks mixed)
@@ -254,6 +248,22 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     )
     rows = pack_turns(examples, pack=s.pack_turns)
     loader = sft_dataloader(rows, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id, seed=cfg.seed)
+    return trajectories, examples, rows, loader
+
+
+@stage("sft")
+def train_sft(cfg: DictConfig) -> dict[str, Any]:
+    start = time.perf_counter()
+    out = _claim(cfg, "sft")
+    _seed(cfg)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    m, s = cfg.model, cfg.sft
+    policy, tokenizer = load_policy(
+        resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code
+    )
+    if m.gradient_checkpointing:  # long full-history examples: activations of one layer at a time in backward
+        policy.gradient_checkpointing_enable()
+    trajectories, examples, rows, loader = sft_data(cfg, tokenizer)
     total = len(loader) * s.epochs if s.max_steps < 0 else min(s.max_steps, len(loader) * s.epochs)
     module = SFTModule(
         policy,
@@ -274,6 +284,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
         "trajectories": len(trajectories),
         "steps": trainer.global_step,
         "final_loss": float(trainer.callback_metrics.get("sft/loss", float("nan"))),
+        "losses": module.losses,
         "tokens": module.tokens_seen,
         "target_tokens": module.target_tokens_seen,
         "train_s": module.train_s,
