@@ -254,7 +254,7 @@ def task_rows(s: dict[str, Any]) -> dict[str, Any]:
         ids = builder.memory_prompt(TurnContext(question=task.question))
         text = tokenizer.decode(ids)
         assert tokenizer(text=[text])["input_ids"][0] == ids, f"TRL's tokenization differs for {task.task_id}"
-        rows.append({"task_id": task.task_id, "prompt": text, "ids": ids, "gold": task.gold_answers})
+        rows.append({"task_id": task.task_id, "prompt": text, "ids": ids})
     return {"model": model, "rows": rows}
 
 
