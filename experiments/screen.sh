@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     echo "[screen] $name: ${overrides:-(recipe defaults)} ($(date +%T)); log in $out/$name.log"
     # shellcheck disable=SC2086  # the overrides are split into words on purpose
     "$PY" experiments/run.py stage=rl "model.name_or_path=$ws" "run_dir=$out/$name" "seed=$seed" \
-      memory.log_p_ans=true $overrides >"$out/$name.log" 2>&1
+      trainer.max_steps=2 memory.log_p_ans=true $overrides >"$out/$name.log" 2>&1
   else
     echo "[screen] $name: reused ($out/$name/hf)"
   fi

@@ -5,7 +5,7 @@ Each group's dataclass is the code's own parameter object, defined beside the co
 structured schema Hydra's composed YAML is merged into: a key that does not exist is an error naming the full key,
 a value of the wrong type is an error naming key and value, and every range and choice check runs in the group's
 own ``__post_init__`` -- all before any model loads. The groups defined here are the orchestration's own (trainer,
-logger, ckpt, headline). Field defaults are the defaults; YAML group options state only their deltas from them
+logger, ckpt, headline, demo). Field defaults are the defaults; YAML group options state only their deltas from them
 (tests/test_config_contract.py holds both to that). Keys repeat the keyword names of the functions they feed.
 """
 
@@ -109,6 +109,55 @@ class HeadlineConfig:
     react_warm_start: str | None = None
 
 
+DEMO_BUDGET_KEYS = ("trainer.max_steps", "ckpt.every_n_steps", "eval.every_n_steps")  # the demo's, not the recipe's
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The ``demo`` stage's RL phase (``mempo.stages.demo``).
+
+    rl_exp: the experiment (``experiments/configs/exp/<rl_exp>.yaml``) whose recipe the RL phase applies on top of
+      the run's config, like the headline's arms: its keys but the budget (``DEMO_BUDGET_KEYS``: the run's
+      trainer.max_steps and ckpt.every_n_steps, and ``val_every``), and but any key set on the command line (which
+      wins). null = the run's config as is (config.yaml's MemPO defaults).
+    val_every: in-training validation every k RL steps on data.num_val_tasks held-out tasks (0 = off).
+    """
+
+    rl_exp: str | None = "grpo_cpu"
+    val_every: int = 2
+
+    def __post_init__(self) -> None:
+        exists = self.rl_exp is None or (CONFIG_DIR / "exp" / f"{self.rl_exp}.yaml").is_file()
+        require(
+            "demo",
+            self,
+            [
+                ("rl_exp", exists, f"must be null or the name of a file in {CONFIG_DIR / 'exp'}"),
+                ("val_every", self.val_every >= 0, "must be >= 0"),
+            ],
+        )
+
+
+def exp_delta(name: str | None) -> dict[str, Any]:
+    """The dotted keys ``experiments/configs/exp/<name>.yaml`` sets, less ``name`` and ``stage`` ({} for None)."""
+    if name is None:
+        return {}
+    raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "exp" / f"{name}.yaml"))
+    if "defaults" in raw:  # a file that swaps config groups is not a plain key delta
+        raise ValueError(f"exp/{name}.yaml has a defaults list; only plain key deltas can be applied to a phase")
+    flat: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = v
+
+    walk(raw, "")
+    return {k: v for k, v in flat.items() if k not in ("name", "stage")}
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     """Where this run sits in a sweep: set by ``experiments/run.py`` from Hydra and the environment
@@ -167,6 +216,7 @@ class RootConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     headline: HeadlineConfig = field(default_factory=HeadlineConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)  # experiments/plan.py
 
     def __post_init__(self) -> None:
@@ -271,11 +321,14 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 
 def compose_config(*overrides: str, config_dir: str | Path = CONFIG_DIR) -> DictConfig:
     """The experiment config tree composed with Hydra and validated, as ``experiments/run.py`` does, from Python
-    (benchmarks, tests, notebooks): ``compose_config("+exp=ablation_nomem", "trainer.max_steps=2")``."""
+    (benchmarks, tests, notebooks): ``compose_config("+exp=ablation_nomem", "trainer.max_steps=2")``. The overrides
+    are recorded in ``sweep.overrides``, as run.py records the command line's."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return validate_config(compose(config_name="config", overrides=list(overrides)))
+        cfg = compose(config_name="config", overrides=list(overrides))
+    recorded = {"sweep": {"overrides": [o for o in overrides if not o.startswith("sweep.")]}}
+    return validate_config(OmegaConf.merge(OmegaConf.to_container(cfg), recorded))
 
 
 register_schema()

@@ -1,7 +1,10 @@
 """The ``demo`` stage, the embedded default end to end (``python experiments/run.py``): three steps, ``DEMO``.
 
     sft   supervised warm start on the synthetic oracle's trajectories
-    rl    trainer.max_steps MemPO steps from the warm start
+    rl    trainer.max_steps RL steps from the warm start: the run's config plus the recipe of demo.rl_exp
+          (``rl_overrides``; by default exp/grpo_cpu.yaml, GRPO on the memory agent: the project's best CPU RL
+          recipe, docs/results.md), validated every demo.val_every steps; config.yaml's MemPO defaults stay
+          what the rl stage and every other experiment run
     eval  greedy evaluation of both on the same held-out tasks (eval.objectives x eval.num_tasks), 95% bootstrap
           intervals and the paired difference RL - warm start
 
@@ -25,7 +28,22 @@ from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
 from mempo.stages import Step, folders_arg, run_steps, stage
 from mempo.stages.builders import run_path
+from mempo.stages.config import DEMO_BUDGET_KEYS, exp_delta
 from mempo.stages.rundir import run_record
+
+
+def command_line_keys(cfg: DictConfig) -> set[str]:
+    """The dotted keys set on the command line (``sweep.overrides``: Hydra's task overrides), ``+``/``~`` removed."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in cfg.sweep.overrides if "=" in o}
+
+
+def rl_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """The keys the RL phase sets on top of the run's config: demo.rl_exp's recipe less the budget
+    (``DEMO_BUDGET_KEYS``) and less any key the command line set (``memory.alpha=1`` runs MemPO on the recipe),
+    then in-training validation every demo.val_every steps."""
+    skip = set(DEMO_BUDGET_KEYS) | command_line_keys(cfg)
+    delta = {k: v for k, v in exp_delta(cfg.demo.rl_exp).items() if k not in skip}
+    return {**delta, "eval.every_n_steps": cfg.demo.val_every}
 
 
 def demo_steps(cfg: DictConfig) -> list[Step]:
@@ -33,9 +51,16 @@ def demo_steps(cfg: DictConfig) -> list[Step]:
     out = run_path(cfg)
     sft_hf, rl_hf = out / "sft" / "hf", out / "rl" / "hf"
     n_list = list(cfg.eval.objectives)
+    recipe = f"exp/{cfg.demo.rl_exp}.yaml's recipe" if cfg.demo.rl_exp else "the run's config"
     return [
         Step("sft", "sft", "supervised warm start on the synthetic oracle's trajectories", reuse=True),
-        Step("rl", "rl", f"{cfg.trainer.max_steps} RL steps from the warm start", {"model.name_or_path": sft_hf}, True),
+        Step(
+            "rl",
+            "rl",
+            f"{cfg.trainer.max_steps} RL steps from the warm start ({recipe})",
+            {"model.name_or_path": sft_hf, **rl_overrides(cfg)},
+            reuse=True,
+        ),
         Step(
             "eval",
             "eval",

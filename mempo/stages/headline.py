@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mempo.core.base import write_json
 from mempo.core.console import say
@@ -33,7 +33,7 @@ from mempo.eval.headline import write_headline
 from mempo.eval.report import read_records
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
-from mempo.stages.config import CONFIG_DIR
+from mempo.stages.config import exp_delta
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import run_record
 
@@ -49,26 +49,6 @@ ARMS = ("warm_start", "mempo", "ablation_nomem", "react_warm_start", "react_grpo
 def arm_agent(arm: str) -> str:
     """The agent (context mode) an arm is trained and evaluated with: its warm start's."""
     return WARM_STARTS[arm] if arm in WARM_STARTS else WARM_STARTS[RL_ARMS[arm][0]]
-
-
-def exp_delta(name: str | None) -> dict[str, Any]:
-    """The dotted keys ``experiments/configs/exp/<name>.yaml`` sets, less ``name`` and ``stage`` ({} for None)."""
-    if name is None:
-        return {}
-    raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "exp" / f"{name}.yaml"))
-    if "defaults" in raw:  # a file that swaps config groups is not a plain key delta
-        raise ValueError(f"exp/{name}.yaml has a defaults list; the headline applies plain key deltas only")
-    flat: dict[str, Any] = {}
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = v
-
-    walk(raw, "")
-    return {k: v for k, v in flat.items() if k not in ("name", "stage")}
 
 
 def arm_overrides(arm: str) -> dict[str, Any]:

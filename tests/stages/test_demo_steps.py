@@ -1,0 +1,72 @@
+"""The demo's RL phase applies exp/grpo_cpu.yaml's recipe as a delta (like the headline's arms), keeps the demo's
+budget, and lets the command line win; config.yaml's MemPO defaults stay what the run's own config holds.
+
+Expected values are read off experiments/configs/exp/grpo_cpu.yaml and config.yaml by hand, not from the code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+from mempo.stages import with_overrides
+from mempo.stages.config import compose_config
+from mempo.stages.demo import demo_steps
+
+# exp/grpo_cpu.yaml's recipe keys (its budget keys trainer.max_steps=10, ckpt.every_n_steps=2 and
+# eval.every_n_steps=8 are not the demo's)
+GRPO_CPU = {
+    "data.batch_size": 4,
+    "data.group_size": 8,
+    "data.num_val_tasks": 16,
+    "model.train_top_layers": 8,
+    "reward.kind": "mean_em",
+    "memory.alpha": 0.0,
+    "memory.log_p_ans": True,
+    "optim.lr": 3.0e-5,
+}
+
+
+def rl_phase(cfg: DictConfig) -> DictConfig:
+    """The config the demo's RL phase runs with (as ``run_steps`` builds it)."""
+    (step,) = [s for s in demo_steps(cfg) if s.label == "rl"]
+    return with_overrides(cfg, {"stage": "rl", **step.overrides})
+
+
+def value(cfg: DictConfig, key: str) -> object:
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def test_the_rl_phase_runs_the_grpo_cpu_recipe_with_the_demos_budget(tmp_path: Path) -> None:
+    cfg = compose_config(f"run_dir={tmp_path}")
+    rl = rl_phase(cfg)
+    assert {k: value(rl, k) for k in GRPO_CPU} == GRPO_CPU
+    assert rl.trainer.max_steps == cfg.trainer.max_steps != 10  # the demo's steps, not grpo_cpu's 10
+    assert rl.ckpt.every_n_steps == cfg.ckpt.every_n_steps
+    assert rl.eval.every_n_steps == 2  # demo.val_every, not grpo_cpu's 8
+    assert rl.model.name_or_path == str(tmp_path / "sft" / "hf")
+    # the run's own config (and so the rl stage and every other experiment) keeps MemPO's defaults
+    assert cfg.memory.alpha == 1.0 and cfg.data.batch_size == 2 and cfg.model.train_top_layers is None
+
+
+def test_a_command_line_key_wins_over_the_recipe(tmp_path: Path) -> None:
+    rl = rl_phase(compose_config(f"run_dir={tmp_path}", "memory.alpha=1", "optim.lr=1e-5", "demo.val_every=0"))
+    assert rl.memory.alpha == 1.0 and rl.optim.lr == 1e-5  # MemPO on the grpo_cpu recipe
+    assert rl.data.batch_size == 4 and rl.data.group_size == 8 and rl.model.train_top_layers == 8
+    assert rl.eval.every_n_steps == 0
+
+
+def test_without_a_recipe_the_rl_phase_runs_the_runs_config(tmp_path: Path) -> None:
+    rl = rl_phase(compose_config(f"run_dir={tmp_path}", "demo.rl_exp=null"))
+    assert rl.memory.alpha == 1.0 and rl.data.batch_size == 2 and rl.data.group_size == 4
+    assert rl.optim.lr == 1e-5 and rl.model.train_top_layers is None
+
+
+def test_an_unknown_recipe_is_an_error_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"demo\.rl_exp"):
+        compose_config("demo.rl_exp=no_such_experiment")
