@@ -29,6 +29,9 @@ from mempo.rollout.sampler import Sampler, SamplingConfig
 METRICS = ("em", "f1", "reward", "format_fail", "turns", "tt", "pt")
 
 
+ENGINE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Config group ``eval``: the final evaluation, ``experiments/eval.py`` and in-training validation.
@@ -39,7 +42,10 @@ class EvalConfig:
     off); turn_slack: tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs 2N + 1: two hops per
     objective and the answer), null = agent.max_turns for every N; score_memories: P(ans | q, m) of every
     evaluated memory (a forward per memory); max_trajectories: sample trajectories per checkpoint x agent x N in
-    the W&B table; split: val (the held-out world) | train (the training world: RL's task distribution) | test.
+    the W&B table; split: val (the held-out world) | train (the training world: RL's task distribution) | test;
+    engine_dtype: the evaluation engine's dtype (vLLM): null = sampler.dtype; auto = bfloat16 where
+    trainer.precision=auto trains in bf16 (a GPU, a CPU with native bf16), else float32 (greedy evaluation needs no
+    exact log-probs; in-training validation keeps the RL engine's dtype).
     """
 
     num_tasks: int = 16
@@ -53,6 +59,7 @@ class EvalConfig:
     score_memories: bool = True
     max_trajectories: int = 8
     split: str = "val"
+    engine_dtype: str | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -71,6 +78,7 @@ class EvalConfig:
                 ("turn_slack", self.turn_slack is None or self.turn_slack >= 0, "must be null or >= 0"),
                 ("max_trajectories", self.max_trajectories >= 0, "must be >= 0"),
                 ("split", self.split in SPLITS, one_of(SPLITS)),
+                ("engine_dtype", self.engine_dtype in ENGINE_DTYPES, one_of(ENGINE_DTYPES)),
             ],
         )
 

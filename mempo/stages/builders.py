@@ -119,8 +119,11 @@ def build_optim_config(cfg: DictConfig) -> OptimConfig:
     return replace(group(cfg, "optim"), old_logp=resolve_old_logp(cfg))
 
 
-def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None) -> Sampler:
-    """``sampler.backend``: vllm (an engine over the policy's folder) or hf (generate with the policy itself)."""
+def build_sampler(
+    cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None, *, dtype: str | None = None
+) -> Sampler:
+    """``sampler.backend``: vllm (an engine over the policy's folder, in ``dtype``, default sampler.dtype) or hf
+    (generate with the policy itself)."""
     s: SamplerConfig = group(cfg, "sampler")
     if s.backend == "hf":
         from mempo.rollout.hf_sampler import HFSampler
@@ -130,7 +133,7 @@ def build_sampler(cfg: DictConfig, model_path: str | Path, policy: Any = None, t
 
     return VLLMSampler(
         str(model_path),
-        dtype=s.dtype,
+        dtype=dtype or s.dtype,
         enforce_eager=s.enforce_eager,
         tensor_parallel_size=s.tensor_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization,

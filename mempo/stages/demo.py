@@ -26,10 +26,52 @@ from omegaconf import DictConfig
 
 from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
-from mempo.stages import Step, folders_arg, run_steps, stage
+from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
-from mempo.stages.config import DEMO_BUDGET_KEYS, exp_delta
+from mempo.stages.config import DEMO_BUDGET_KEYS, cpu_has_bf16, exp_delta
 from mempo.stages.rundir import run_record
+
+# Seconds per unit of work of each phase on a 2-core CPU, from the main job's phases measured on each kind of machine
+# (docs/results.md, "The main job's time"): the warm start per teacher objective (a task of N objectives counts N),
+# an RL step per rollout, validation and evaluation per held-out objective (per checkpoint), and each phase's
+# start-up (model load, the vLLM engine). "avx512_bf16": trains in bf16; "avx2": no native bf16, trains in float32.
+DEMO_RATES: dict[str, dict[str, float]] = {
+    "avx512_bf16": {"sft_objective": 2.6, "rl_rollout": 3.75, "eval_objective": 1.25, "startup": 25.0},
+    "avx2": {"sft_objective": 5.1, "rl_rollout": 10.0, "eval_objective": 2.5, "startup": 40.0},
+}
+
+
+def expected_seconds(cfg: DictConfig, kind: str) -> dict[str, float]:
+    """The demo's phases' expected wall time on a 2-core CPU of ``kind`` (a key of ``DEMO_RATES``), scaled from the
+    measured rates by the config's sizes: {"sft", "rl", "eval", "total"}."""
+    r = DEMO_RATES[kind]
+    rl = with_overrides(cfg, rl_overrides(cfg))
+    sft_objectives = cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives])
+    steps = rl.trainer.max_steps
+    rollouts = steps * rl.data.batch_size * rl.data.group_size
+    validations = steps // rl.eval.every_n_steps if rl.eval.every_n_steps else 0
+    val_objectives = validations * rl.data.num_val_tasks * rl.data.objectives
+    eval_objectives = 2 * cfg.eval.num_tasks * sum(cfg.eval.objectives)  # two checkpoints
+    t = {
+        "sft": r["startup"] + sft_objectives * r["sft_objective"],
+        "rl": r["startup"] + rollouts * r["rl_rollout"] + val_objectives * r["eval_objective"],
+        "eval": 2 * r["startup"] + eval_objectives * r["eval_objective"],
+    }
+    return t | {"total": sum(t.values())}
+
+
+def say_expected_time(cfg: DictConfig) -> None:
+    """One console line at the start: how long this demo should take on this kind of CPU (2 cores; only for
+    trainer.accelerator=cpu)."""
+    if cfg.trainer.accelerator != "cpu":
+        return
+    kind = "avx512_bf16" if cpu_has_bf16() else "avx2"
+    t = expected_seconds(cfg, kind)
+    what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
+    say(
+        f"[mempo] demo: expected about {t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start "
+        f"~{t['sft'] / 60:.0f}, RL ~{t['rl'] / 60:.0f}, evaluation ~{t['eval'] / 60:.0f} min (more with fewer cores)"
+    )
 
 
 def command_line_keys(cfg: DictConfig) -> set[str]:
@@ -74,6 +116,7 @@ def demo_steps(cfg: DictConfig) -> list[Step]:
 def demo(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     out = run_path(cfg)
+    say_expected_time(cfg)
     done = run_steps(cfg, demo_steps(cfg))
     phases = {f"{label}_s": d["seconds"] for label, d in done.items()}
     phases["total_s"] = time.perf_counter() - start

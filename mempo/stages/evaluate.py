@@ -51,6 +51,14 @@ def checkpoint_folders(cfg: DictConfig) -> dict[str, str]:
     return {Path(name).name or name: name}
 
 
+def engine_dtype(evaluation: EvalConfig, bf16: bool) -> str | None:
+    """The evaluation engine's dtype: eval.engine_dtype, ``auto`` resolved by whether training would run in bf16
+    (``bf16``); None = sampler.dtype."""
+    if evaluation.engine_dtype == "auto":
+        return "bfloat16" if bf16 else "float32"
+    return evaluation.engine_dtype
+
+
 def run_eval(
     cfg: DictConfig, *, agents: Mapping[str, Sequence[str]] | None = None, out: Path | None = None
 ) -> dict[str, Any]:
@@ -74,6 +82,8 @@ def run_eval(
     agent = group(cfg, "agent")
     sampling = group(cfg, "sampler").sampling(seed=cfg.seed, greedy=evaluation.greedy)  # per-label copies keep greedy
     bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
+    if evaluation.engine_dtype and cfg.sampler.backend == "vllm":
+        say(f"[mempo] eval: the engine runs in {engine_dtype(evaluation, bf16)} (eval.engine_dtype)")
     total = GridResult([], [], [])
     folders = checkpoint_folders(cfg)
     rows = sum(len(per_label.get(label, evaluation).agents) for label in folders) * len(evaluation.objectives)
@@ -88,7 +98,7 @@ def run_eval(
         ev = per_label.get(label, evaluation)
         say(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-        sampler = build_sampler(cfg, folder, policy, tokenizer)
+        sampler = build_sampler(cfg, folder, policy, tokenizer, dtype=engine_dtype(evaluation, bf16))
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         try:
             res = evaluate_grid(

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import DictConfig
 
 from mempo.stages import with_overrides
 from mempo.stages.config import compose_config
-from mempo.stages.demo import demo_steps
+from mempo.stages.demo import DEMO_RATES, demo_steps, expected_seconds
 
 # exp/grpo_cpu.yaml's recipe keys (its budget keys trainer.max_steps=10, ckpt.every_n_steps=2 and
 # eval.every_n_steps=8 are not the demo's)
@@ -70,3 +71,18 @@ def test_without_a_recipe_the_rl_phase_runs_the_runs_config(tmp_path: Path) -> N
 def test_an_unknown_recipe_is_an_error_naming_the_key() -> None:
     with pytest.raises(ValueError, match=r"demo\.rl_exp"):
         compose_config("demo.rl_exp=no_such_experiment")
+
+
+def test_the_expected_time_scales_the_measured_rates_by_the_configs_sizes(tmp_path: Path) -> None:
+    cfg = compose_config(f"run_dir={tmp_path}", "sft.num_tasks=10", "trainer.max_steps=3", "eval.num_tasks=5")
+    got = expected_seconds(cfg, "avx2")
+    r = DEMO_RATES["avx2"]
+    # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 4 tasks x G=8 (grpo_cpu), one
+    # validation (every 2 steps) of 16 two-objective tasks; 2 checkpoints x 5 two-objective held-out tasks
+    sft = r["startup"] + 30 * r["sft_objective"]
+    rl = r["startup"] + 96 * r["rl_rollout"] + 32 * r["eval_objective"]
+    ev = 2 * r["startup"] + 20 * r["eval_objective"]
+    torch.testing.assert_close(
+        torch.tensor([got["sft"], got["rl"], got["eval"], got["total"]], dtype=torch.float64),
+        torch.tensor([sft, rl, ev, sft + rl + ev], dtype=torch.float64),
+    )
