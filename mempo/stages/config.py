@@ -109,7 +109,9 @@ class HeadlineConfig:
     react_warm_start: str | None = None
 
 
-DEMO_BUDGET_KEYS = ("trainer.max_steps", "ckpt.every_n_steps", "eval.every_n_steps")  # the demo's, not the recipe's
+# Keys the demo keeps from the run's config whatever its RL recipe sets: the budget, and memory.log_p_ans (scoring
+# every memory for P(ans | mem) when alpha = 0, a diagnostic for comparing arms: ~25 s of a ~3 min step here).
+DEMO_OWN_KEYS = ("trainer.max_steps", "ckpt.every_n_steps", "eval.every_n_steps", "memory.log_p_ans")
 
 
 @dataclass(frozen=True)
@@ -117,9 +119,9 @@ class DemoConfig:
     """The ``demo`` stage's RL phase (``mempo.stages.demo``).
 
     rl_exp: the experiment (``experiments/configs/exp/<rl_exp>.yaml``) whose recipe the RL phase applies on top of
-      the run's config, like the headline's arms: its keys but the budget (``DEMO_BUDGET_KEYS``: the run's
-      trainer.max_steps and ckpt.every_n_steps, and ``val_every``), and but any key set on the command line (which
-      wins). null = the run's config as is (config.yaml's MemPO defaults).
+      the run's config, like the headline's arms: its keys but the demo's own (``DEMO_OWN_KEYS``: the run's
+      trainer.max_steps, ckpt.every_n_steps and memory.log_p_ans, and ``val_every``), and but any key set on the
+      command line (which wins). null = the run's config as is (config.yaml's MemPO defaults).
     val_every: in-training validation every k RL steps on data.num_val_tasks held-out tasks (0 = off).
     """
 

@@ -16,8 +16,8 @@ from mempo.stages import with_overrides
 from mempo.stages.config import compose_config
 from mempo.stages.demo import DEMO_RATES, demo_steps, expected_seconds
 
-# exp/grpo_cpu.yaml's recipe keys (its budget keys trainer.max_steps=10, ckpt.every_n_steps=2 and
-# eval.every_n_steps=8 are not the demo's)
+# exp/grpo_cpu.yaml's recipe keys (its trainer.max_steps=10, ckpt.every_n_steps=2, eval.every_n_steps=8 and
+# memory.log_p_ans=true are not the demo's)
 GRPO_CPU = {
     "data.batch_size": 4,
     "data.group_size": 8,
@@ -25,7 +25,6 @@ GRPO_CPU = {
     "model.train_top_layers": 8,
     "reward.kind": "mean_em",
     "memory.alpha": 0.0,
-    "memory.log_p_ans": True,
     "optim.lr": 3.0e-5,
 }
 
@@ -50,6 +49,7 @@ def test_the_rl_phase_runs_the_grpo_cpu_recipe_with_the_demos_budget(tmp_path: P
     assert rl.trainer.max_steps == cfg.trainer.max_steps != 10  # the demo's steps, not grpo_cpu's 10
     assert rl.ckpt.every_n_steps == cfg.ckpt.every_n_steps
     assert rl.eval.every_n_steps == 2  # demo.val_every, not grpo_cpu's 8
+    assert rl.memory.log_p_ans is False  # a diagnostic grpo_cpu turns on, the demo does not pay for
     assert rl.model.name_or_path == str(tmp_path / "sft" / "hf")
     # the run's own config (and so the rl stage and every other experiment) keeps MemPO's defaults
     assert cfg.memory.alpha == 1.0 and cfg.data.batch_size == 2 and cfg.model.train_top_layers is None
@@ -80,7 +80,7 @@ def test_the_expected_time_scales_the_measured_rates_by_the_configs_sizes(tmp_pa
     # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 4 tasks x G=8 (grpo_cpu), one
     # validation (every 2 steps) of 16 two-objective tasks; 2 checkpoints x 5 two-objective held-out tasks
     sft = r["startup"] + 30 * r["sft_objective"]
-    rl = r["startup"] + 96 * r["rl_rollout"] + 32 * r["eval_objective"]
+    rl = r["startup"] + 96 * r["rl_rollout"] + 32 * r["val_objective"]
     ev = 2 * r["startup"] + 20 * r["eval_objective"]
     torch.testing.assert_close(
         torch.tensor([got["sft"], got["rl"], got["eval"], got["total"]], dtype=torch.float64),
