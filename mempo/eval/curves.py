@@ -107,8 +107,12 @@ def plot_runs(
         ax_p: "no memories scored in these runs\n(memory.alpha = 0 and memory.log_p_ans = false)",
         ax_t: "no token counts in metrics.csv",
     }
+    all_steps = [r["step"] for rows in runs for r in rows if r.get("step") is not None]
     for ax, ylabel in ((ax_r, "mean over rollouts"), (ax_v, "mean over tasks"), (ax_p, "probability"),
                        (ax_t, "tokens")):  # fmt: skip
+        if all_steps:  # one step axis for every panel: a validation logged at one step sits on the run's axis
+            pad = max(0.1, 0.03 * (max(all_steps) - min(all_steps)))
+            ax.set_xlim(min(all_steps) - pad, max(all_steps) + pad)
         ax.set_xlabel("RL step")
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no ticks at 1.2, 1.4, ...

@@ -82,3 +82,27 @@ def test_a_two_step_run_gets_whole_step_ticks_and_its_empty_panels_say_why(tmp_p
     assert reward == tokens == []  # drawn
     assert validation == ["no in-training validation in these runs\n(eval.every_n_steps = 0, or more than their steps)"]
     assert p_ans[0].startswith("no memories scored in these runs")
+
+
+def test_a_validation_logged_at_one_step_sits_on_the_runs_step_axis(tmp_path, monkeypatch) -> None:
+    """The demo validates at its last step only: that panel once drew ticks at 1.900, 1.925, ... around its one
+    point; every panel now spans the run's steps 1-2 and ticks whole steps only."""
+    import matplotlib.figure
+
+    seen = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kw):
+        fig.canvas.draw()
+        seen["xlim"] = [ax.get_xlim() for ax in fig.axes]
+        seen["ticks"] = [[t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]] for ax in fig.axes]
+        return real(fig, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    rows = [{"step": 1, "rollout/reward_mean": 0.6, "perf/tokens": 900},
+            {"step": 2, "rollout/reward_mean": 0.7, "perf/tokens": 901, "val/em": 0.72, "val/f1": 0.72}]  # fmt: skip
+    run = write_metrics(tmp_path / "r", rows)
+    plot_runs([run], run / "curves.png")
+    for lo, hi in seen["xlim"]:
+        assert lo < 1 < 2 < hi < 2.5
+    assert list(seen["ticks"][1]) == [1.0, 2.0]  # the validation panel
