@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import bm25s
+import numpy as np
 
 from mempo.core.base import read_jsonl
 
@@ -196,14 +197,34 @@ class BM25Retriever:
         if not live:
             return out
         k = min(topk, len(self.passages))
-        docs, scores = self._index.retrieve([tokens[i] for i in live], k=k, show_progress=False)  # [L, k] each
-        for row, i in enumerate(live):
+        for i in live:
+            scores = self._index.get_scores(tokens[i])  # [D] float32
             out[i] = [
-                Passage(self.passages[d].id, self.passages[d].contents, float(s))
-                for d, s in zip(docs[row].tolist(), scores[row].tolist())
-                if s > 0
+                Passage(self.passages[d].id, self.passages[d].contents, float(scores[d]))
+                for d in top_k_stable(scores, k).tolist()
+                if scores[d] > 0
             ]
         return out
+
+
+def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
+    """scores: [D] -> [min(k, D)] indices of the highest scores, best first, equal scores in corpus order.
+
+    bm25s's own top-k (argpartition, then an unstable argsort) orders equal scores by whichever sort numpy
+    dispatches to: on AVX512 machines its SIMD sort returned other tied passages, in another order, than on
+    AVX2-only ones, so the synthetic world's teacher trajectories and every rollout differed between machine kinds
+    (tests/models/test_sft_pin.py's pins, made on AVX2, failed on AVX512-BF16). Ties are common there: templated
+    passages of equal length score equally for an entity they all name.
+    """
+    n = scores.shape[0]
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    # The k-th largest value is the same whatever algorithm partitions; every index scoring at least it is kept.
+    kth = np.partition(scores, n - k)[n - k]
+    candidates = np.flatnonzero(scores >= kth)
+    order = np.lexsort((candidates, -scores[candidates]))  # by score descending, then by index: a total order
+    return candidates[order][:k]
 
 
 def _cache_key(path: Path, *, k1: float, b: float) -> str:

@@ -24,8 +24,11 @@ from mempo.stages.train import sft_data
 
 OVERRIDES = ("+exp=sft", "+debug=default", "seed=0", "sft.max_steps=3", "trainer.precision=32-true")
 # sha256 of each batch's input_ids and target_mask (the teacher's turns it holds, tokens and order), step by step
+# The same on AVX2 and AVX512 machines since retrievers.top_k_stable (bm25s's top-k ordered tied passages by numpy's
+# SIMD sort); to check the AVX2 path on an AVX512 machine: NPY_DISABLE_CPU_FEATURES="AVX512F AVX512CD AVX512_SKX
+# AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR" before the command.
 PINNED_BATCHES = ["63d2d739ee649cb9", "adad077a15e4e6e7", "d8c7a8b10a5a830d", "3ec22db7ebb2cb17", "a05920b0f4f6f10c",
-                  "6d71e5737df76de1", "51d0a394dc2ed651"]  # fmt: skip
+                  "6d71e5737df76de1", "7d6871a2e5baa7bb"]  # fmt: skip
 PINNED_ROWS = 26  # rows (one per teacher turn: memory prompts are never packed) of 8 teacher tasks
 PINNED_LOSSES = [13.439153, 13.453765, 13.135756]  # the first 3 steps' sft/loss on the tiny model, float32
 

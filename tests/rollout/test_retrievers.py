@@ -13,6 +13,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mempo.rollout.retrieval_server import RetrievalServer
@@ -23,6 +24,7 @@ from mempo.rollout.retrievers import (
     RetrieverError,
     load_corpus,
     make_retriever,
+    top_k_stable,
 )
 
 CORPUS = [
@@ -133,6 +135,27 @@ def test_bm25_respects_topk_and_orders_by_score(bm25: BM25Retriever):
     assert {h.id for h in hits} == {"velorin", "quessel", "lighthouse", "tarvona", "paris"}
     scores = [h.score for h in hits]
     assert all(s > 0 for s in scores) and scores == sorted(scores, reverse=True)
+
+
+def test_top_k_stable_orders_by_score_then_index():
+    scores = np.array([1.0, 3.0, 3.0, 2.0, 3.0, 0.0], dtype=np.float32)
+    assert top_k_stable(scores, 3).tolist() == [1, 2, 4]
+    assert top_k_stable(scores, 4).tolist() == [1, 2, 4, 3]
+    assert top_k_stable(scores, 2).tolist() == [1, 2]  # three tie for first: the two earliest
+    assert top_k_stable(scores, 9).tolist() == [1, 2, 4, 3, 0, 5]
+    assert top_k_stable(scores, 0).tolist() == []
+
+
+def test_bm25_breaks_ties_by_corpus_order():
+    # 300 equal passages between unrelated ones: every one scores the same for "orsk". bm25s's own top-k orders ties
+    # by numpy's sort, which differs between AVX512 and AVX2 machines (seen: this test failed with it on AVX512).
+    passages = [
+        Passage(f"p{i}", "Orsk\nOrsk harbour" if i % 3 else f"Filler {i}\nunrelated text {i}") for i in range(450)
+    ]
+    tied = [p.id for p in passages if p.contents.startswith("Orsk")]
+    [hits] = BM25Retriever(passages).retrieve(["Orsk"], topk=20)
+    assert [h.id for h in hits] == tied[:20]
+    assert len({h.score for h in hits}) == 1
 
 
 def test_bm25_blank_stopword_and_unmatched_queries_return_nothing(bm25: BM25Retriever):
