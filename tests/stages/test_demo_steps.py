@@ -16,10 +16,9 @@ from mempo.stages import with_overrides
 from mempo.stages.config import compose_config
 from mempo.stages.demo import DEMO_RATES, demo_steps, expected_seconds
 
-# exp/grpo_cpu.yaml's recipe keys (its trainer.max_steps=10, ckpt.every_n_steps=2, eval.every_n_steps=8 and
-# memory.log_p_ans=true are not the demo's)
+# exp/grpo_cpu.yaml's recipe keys (its data.batch_size=4, trainer.max_steps=10, ckpt.every_n_steps=2,
+# eval.every_n_steps=8 and memory.log_p_ans=true are not the demo's)
 GRPO_CPU = {
-    "data.batch_size": 4,
     "data.group_size": 8,
     "data.num_val_tasks": 16,
     "model.train_top_layers": 8,
@@ -47,6 +46,7 @@ def test_the_rl_phase_runs_the_grpo_cpu_recipe_with_the_demos_budget(tmp_path: P
     rl = rl_phase(cfg)
     assert {k: value(rl, k) for k in GRPO_CPU} == GRPO_CPU
     assert rl.trainer.max_steps == cfg.trainer.max_steps != 10  # the demo's steps, not grpo_cpu's 10
+    assert rl.data.batch_size == cfg.data.batch_size == 2  # the demo's tasks per step, not grpo_cpu's 4
     assert rl.ckpt.every_n_steps == cfg.ckpt.every_n_steps
     assert rl.eval.every_n_steps == 2  # demo.val_every, not grpo_cpu's 8
     assert rl.memory.log_p_ans is False  # a diagnostic grpo_cpu turns on, the demo does not pay for
@@ -58,7 +58,7 @@ def test_the_rl_phase_runs_the_grpo_cpu_recipe_with_the_demos_budget(tmp_path: P
 def test_a_command_line_key_wins_over_the_recipe(tmp_path: Path) -> None:
     rl = rl_phase(compose_config(f"run_dir={tmp_path}", "memory.alpha=1", "optim.lr=1e-5", "demo.val_every=0"))
     assert rl.memory.alpha == 1.0 and rl.optim.lr == 1e-5  # MemPO on the grpo_cpu recipe
-    assert rl.data.batch_size == 4 and rl.data.group_size == 8 and rl.model.train_top_layers == 8
+    assert rl.data.batch_size == 2 and rl.data.group_size == 8 and rl.model.train_top_layers == 8
     assert rl.eval.every_n_steps == 0
 
 
@@ -77,10 +77,10 @@ def test_the_expected_time_scales_the_measured_rates_by_the_configs_sizes(tmp_pa
     cfg = compose_config(f"run_dir={tmp_path}", "sft.num_tasks=10", "trainer.max_steps=3", "eval.num_tasks=5")
     got = expected_seconds(cfg, "avx2")
     r = DEMO_RATES["avx2"]
-    # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 4 tasks x G=8 (grpo_cpu), one
+    # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 2 tasks (the demo's) x G=8 (grpo_cpu), one
     # validation (every 2 steps) of 16 two-objective tasks; 2 checkpoints x 5 two-objective held-out tasks
     sft = r["startup"] + 30 * r["sft_objective"]
-    rl = r["startup"] + 96 * r["rl_rollout"] + 32 * r["val_objective"]
+    rl = r["startup"] + 48 * r["rl_rollout"] + 32 * r["val_objective"]
     ev = 2 * r["startup"] + 20 * r["eval_objective"]
     torch.testing.assert_close(
         torch.tensor([got["sft"], got["rl"], got["eval"], got["total"]], dtype=torch.float64),
