@@ -121,8 +121,8 @@ class DemoConfig:
 
     rl_exp: the experiment (``experiments/configs/exp/<rl_exp>.yaml``) whose recipe the RL phase applies on top of
       the run's config, like the headline's arms: its keys but the demo's own (``DEMO_OWN_KEYS``: the run's
-      trainer.max_steps, data.batch_size, ckpt.every_n_steps and memory.log_p_ans, and ``val_every``), and but any key set on the
-      command line (which wins). null = the run's config as is (config.yaml's MemPO defaults).
+      trainer.max_steps, data.batch_size, ckpt.every_n_steps and memory.log_p_ans, and ``val_every``), and but any
+      key set on the command line (which wins). null = the run's config as is (config.yaml's MemPO defaults).
     val_every: in-training validation every k RL steps on data.num_val_tasks held-out tasks (0 = off).
     """
 

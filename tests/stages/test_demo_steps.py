@@ -77,8 +77,9 @@ def test_the_expected_time_scales_the_measured_rates_by_the_configs_sizes(tmp_pa
     cfg = compose_config(f"run_dir={tmp_path}", "sft.num_tasks=10", "trainer.max_steps=3", "eval.num_tasks=5")
     got = expected_seconds(cfg, "avx2")
     r = DEMO_RATES["avx2"]
-    # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 2 tasks (the demo's) x G=8 (grpo_cpu), one
-    # validation (every 2 steps) of 16 two-objective tasks; 2 checkpoints x 5 two-objective held-out tasks
+    # worked out by hand: 10 teacher tasks each of 1 and 2 objectives; 3 steps of 2 tasks (the demo's) x G=8
+    # (grpo_cpu), one validation (every 2 steps) of 16 two-objective tasks; 2 checkpoints x 5 two-objective
+    # held-out tasks
     sft = r["startup"] + 30 * r["sft_objective"]
     rl = r["startup"] + 48 * r["rl_rollout"] + 32 * r["val_objective"]
     ev = 2 * r["startup"] + 20 * r["eval_objective"]
