@@ -20,7 +20,7 @@ TABLE_COLUMNS = [
     "format_fail", "turns", "tt", "pt",
 ]  # fmt: skip
 P_ANS_COLUMNS = ["checkpoint", "agent", "objectives", "task_id", "turn", "p_ans"]
-AGENT_LABELS = {"memory": "memory (MemPO)", "full_history": "full history (ReAct)"}
+AGENT_LABELS = {"memory": "memory agent", "full_history": "full-history agent (ReAct)"}  # not the RL algorithm
 AGENT_STYLES = {"memory": "-", "full_history": "--"}
 
 
@@ -148,7 +148,7 @@ def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     ax.set_xticks(ns)
     if len(ns) == 1:
         ax.set_xlim(ns[0] - 0.5, ns[0] + 0.5)
-    ax.set_title(f"Answer F1 vs number of objectives ({num_tasks} tasks per N, greedy; bars: 95% CI)")
+    ax.set_title(f"Answer F1 vs objectives per task ({num_tasks} tasks per N, greedy; bars: 95% CI)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
