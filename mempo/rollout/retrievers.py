@@ -196,12 +196,11 @@ class BM25Retriever:
         live = [i for i, toks in enumerate(tokens) if toks]
         if not live:
             return out
-        k = min(topk, len(self.passages))
         for i in live:
             scores = self._index.get_scores(tokens[i])  # [D] float32
             out[i] = [
                 Passage(self.passages[d].id, self.passages[d].contents, float(scores[d]))
-                for d in top_k_stable(scores, k).tolist()
+                for d in top_k_stable(scores, topk).tolist()
                 if scores[d] > 0
             ]
         return out
