@@ -58,6 +58,19 @@ def grpo_advantage(rewards: Tensor, group_ids: Tensor, *, scale: bool = True, ep
     return group_normalize(rewards, group_ids, scale=scale, eps=eps)
 
 
+def groups_with_signal(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """[R] rewards, [R] group ids -> [R] bool: the trajectory's group holds rewards that are not all equal."""
+    ids = _dense_ids(group_ids)  # [R]
+    k = int(ids.max()) + 1 if ids.numel() else 0
+    lo = torch.full((k,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
+        0, ids, rewards, "amin"
+    )
+    hi = torch.full((k,), float("-inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
+        0, ids, rewards, "amax"
+    )
+    return (hi > lo)[ids]
+
+
 def memory_advantage(
     mem_rewards: Tensor,
     group_ids: Tensor,
@@ -210,6 +223,9 @@ class MemoryConfig:
         shaped like final answers, guessed slots included).
     include_tags: the <mem> and </mem> tag tokens get the memory advantage too.
     log_p_ans: score memories even when the estimator does not use them (memory/p_ans_mean of an ablation).
+    require_traj_signal: A^M = 0 in a group whose trajectory rewards are all equal (A^T = 0 there), so the memory
+        advantage only reorders memories where the outcome tells rollouts apart. Without it such a group is moved
+        by A^M alone, and every probe of that kind shortened trajectories (issue 23, docs/results.md).
     """
 
     alpha: float = 1.0
@@ -221,6 +237,7 @@ class MemoryConfig:
     scoring_context: str = "answer_now"
     include_tags: bool = True
     log_p_ans: bool = False
+    require_traj_signal: bool = False
 
     def __post_init__(self) -> None:
         if self.alpha < 0:
@@ -314,6 +331,8 @@ def memory_advantages(x: AdvantageInputs, memory: MemoryConfig, advantage: Advan
             scale=memory.scale,
             std_floor=memory.std_floor,
         )
+    if memory.require_traj_signal:
+        mem_adv = mem_adv * groups_with_signal(x.rewards, x.group_ids)[x.traj_ids]
     return mem_adv
 
 

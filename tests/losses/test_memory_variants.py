@@ -12,7 +12,9 @@ from mempo.losses import (
     AdvantageInputs,
     MemoryConfig,
     answer_probability,
+    compute_advantages,
     group_normalize,
+    groups_with_signal,
     memory_advantage,
     memory_advantages,
     per_objective_answer_probability,
@@ -94,3 +96,36 @@ def test_per_objective_probability_by_hand():
 def test_memory_config_names_the_bad_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         MemoryConfig(**kwargs)
+
+
+def test_require_traj_signal_silences_groups_whose_rewards_are_equal():
+    # Task 0: rewards 1, 0 (A^T +-0.7071); task 1: rewards 1, 1 (A^T 0). One memory a rollout, pooled per task:
+    # task 0's R^M 0.2, 0.6 -> mean 0.4, centred -+0.2, unbiased std sqrt(0.08) = 0.28284 -> -+0.70711;
+    # task 1's R^M 0.1, 0.5 -> the same -+0.70711 without the gate, 0 with it.
+    x = AdvantageInputs(
+        rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        traj_ids=torch.tensor([0, 1, 2, 3]),
+        turn_ids=torch.tensor([1, 1, 1, 1]),
+        mem_rewards=torch.tensor([0.2, 0.6, 0.1, 0.5]),
+        mem_valid=torch.tensor([True, True, True, True]),
+        response_mask=torch.ones(4, 2, dtype=torch.bool),
+        mem_mask=torch.tensor([[True, False]] * 4),
+    )
+    z = 0.2 / (math.sqrt(0.08) + 1e-6)  # 0.70711
+    adv = AdvantageConfig()
+    assert_close(memory_advantages(x, MemoryConfig(), adv), torch.tensor([-z, z, -z, z]))
+    gated = memory_advantages(x, MemoryConfig(require_traj_signal=True), adv)
+    assert_close(gated, torch.tensor([-z, z, 0.0, 0.0]))
+    # Through the estimator: task 1's tokens carry nothing at all (A^T = 0 and A^M = 0); task 0's memory token
+    # gets A^T + A^M = +-z + -+z, its other token A^T alone.
+    tokens = compute_advantages(x, MemoryConfig(require_traj_signal=True), adv)
+    a_t = 0.5 / (math.sqrt(0.5) + 1e-6)  # rewards 1, 0: centred +-0.5, std sqrt(0.5) -> 0.70711
+    expected = torch.tensor([[a_t - z, a_t], [-a_t + z, -a_t], [0.0, 0.0], [0.0, 0.0]])
+    assert_close(tokens, expected)
+
+
+def test_groups_with_signal():
+    rewards = torch.tensor([0.5, 0.5, 0.0, 1.0, 0.3])
+    groups = torch.tensor([7, 7, 2, 2, 9])  # a group of one has no signal
+    assert groups_with_signal(rewards, groups).tolist() == [False, False, True, True, False]
