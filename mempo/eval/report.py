@@ -41,10 +41,11 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]], *, base: str | None = None) -> str:
     """Markdown: per checkpoint and N, EM and F1 with 95% bootstrap intervals over tasks; then, per N and for every
-    checkpoint after the first, the paired difference (that checkpoint - the first) over the same tasks, with its
-    interval and whether it excludes 0. ``rows``/``records``: a ``GridResult``'s (memory agent rows and others)."""
+    other checkpoint, the paired difference (that checkpoint - ``base``, the first checkpoint when None) over the
+    same tasks, with its interval and whether it excludes 0. ``rows``/``records``: a ``GridResult``'s (memory agent
+    rows and others)."""
     from mempo.eval.stats import fmt_ci, paired_bootstrap_diff
 
     def key(r: dict[str, Any]) -> str:
@@ -67,6 +68,10 @@ def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]]) ->
     cols = ["model", "N", "tasks", "EM [95% CI]", "F1 [95% CI]", "format_fail", "turns", "tt", "pt"]
     out = [markdown_table(table_rows, cols)]
     models = list(dict.fromkeys(key(r) for r in rows))
+    if base is not None:
+        if base not in models:
+            raise ValueError(f"base checkpoint {base!r} is not among {models}")
+        models = [base] + [m for m in models if m != base]
     if len(models) < 2:
         return out[0]
     diff_rows = []
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mean", action="append", default=[], metavar="NAME=A,B",
                     help="add a checkpoint NAME whose per-task values are the means of checkpoints A, B, ... "
                     "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
+    ap.add_argument("--base", default=None, metavar="NAME",
+                    help="pair the others against NAME (a label or a --mean name), not the first")  # fmt: skip
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
@@ -420,7 +427,10 @@ def main(argv: list[str] | None = None) -> None:
         r, rec = mean_checkpoint(records, name, labels.split(","))
         rows += r
         records += rec
-    print(interval_table(rows, records))
+    try:
+        print(interval_table(rows, records, base=args.base))
+    except ValueError as e:
+        raise SystemExit(f"--base: {e}") from None
 
 
 if __name__ == "__main__":

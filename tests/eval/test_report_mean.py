@@ -48,3 +48,21 @@ def test_labels_that_scored_different_tasks_are_an_error():
         mean_checkpoint(records, "two_seeds", ["s0", "s1"])
     with pytest.raises(ValueError, match="needs at least two checkpoints"):
         mean_checkpoint(records, "one", ["s0"])
+
+
+def test_base_pairs_against_a_mean_checkpoint():
+    # Seed means of two recipes, paired against the first recipe's mean, not against the first checkpoint:
+    # recipe a = mean(base, s1) = [0, 0, 1, 0.5]; recipe b = mean(s0, s1) = [0.5, 0, 1, 1]; b - a = [0.5, 0, 0, 0.5]
+    # -> 1.0 / 4.
+    records = _records()
+    rows: list[dict] = []
+    for name, labels in (("b", ["s0", "s1"]), ("a", ["base", "s1"])):  # b first: without base, a - b
+        r, rec = mean_checkpoint(records, name, labels)
+        rows += r
+        records += rec
+    table = interval_table(rows, records, base="a")
+    line = next(x for x in table.splitlines() if x.startswith("| b - a"))
+    assert "| 0.250 [" in line
+    assert not any(x.startswith("| a - b") for x in table.splitlines())
+    with pytest.raises(ValueError, match=r"base checkpoint 'c' is not among \['b', 'a'\]"):
+        interval_table(rows, records, base="c")
