@@ -2,7 +2,7 @@
 # Screening probes for RL recipe variants (issue 23's protocol, docs/results.md section 2): from one pinned warm
 # start, a few RL steps of the demo recipe per probe (config.yaml: 2 steps of 2 tasks x G=4, the RL seed fixed),
 # memory scoring logged in every arm (memory.log_p_ans=true) with its memory credit, then one greedy evaluation of
-# every probe and the warm start on seed 0's held-out two-question tasks (eval.num_tasks of them, 32 by default):
+# every probe and the warm start on seed 0's held-out two-question tasks (eval.num_tasks of them, 64 by default):
 # turns per task, failure verdicts (wrong query, fact not carried, ...) and EM with paired bootstrap intervals.
 #
 #   bash experiments/screen.sh WARM_START OUT RL_SEED NAME "OVERRIDES" [NAME "OVERRIDES" ...]
