@@ -266,3 +266,22 @@ def test_train_top_layers_outside_the_model_is_an_error(make_cfg, k):
     cfg = make_cfg(*SMOKE, f"model.train_top_layers={k}")
     with pytest.raises(ValueError, match=r"model.train_top_layers must be null or in \[1, 2\]"):
         build_module(cfg)
+
+
+def test_require_traj_signal_reaches_the_update(make_cfg):
+    """memory.require_traj_signal from the config: task 1's two rollouts have equal rewards (0.5, 0.5), so its
+    samples carry no advantage at all with the gate, while without it their memory tokens carry A^M; task 0 (1, 0)
+    is the same either way."""
+    rollouts = [(0, 1.0, None), (0, 0.0, 2), (1, 0.5, None), (1, 0.5, 1)]
+    adv = {}
+    for gate in (False, True):
+        cfg = make_cfg("model=tiny", f"memory.require_traj_signal={str(gate).lower()}")
+        module, _ = build_module(cfg)
+        batch = replay_batch(module.tokenizer, cfg, rollouts)
+        x = batch.to_tensors(module.pad_id)
+        mem_r, valid, _ = module.memory_rewards(batch)
+        adv[gate] = module.advantages(x, mem_r, valid)
+    task1 = torch.tensor([batch.trajectories[s.traj_id].group_id == 1 for s in batch.samples])
+    assert adv[False][task1].abs().sum() > 0  # A^M on task 1's memory tokens without the gate
+    assert_close(adv[True][task1], torch.zeros_like(adv[True][task1]))
+    assert_close(adv[True][~task1], adv[False][~task1])
