@@ -68,6 +68,7 @@ if __name__ == "__main__":
         "+exp=ablation_nomem", "+debug=default", f"trainer={strategy}", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.precision=32-true", "agent.max_turns=2", "sampler.max_new_tokens=12",
         "optim.lr=1e-3", f"optim.micro_batch_size={1 if rank == 0 else 4}", "advantage.estimator=probe_signed",
+        "data.batch_size=4",  # tasks per step across both ranks: 2 per rank, as before the key became global
         "seed=3", "eval.every_n_steps=0",  # no validation (the debug config's): sharding is what this probes
         f"run_dir={run_dir}", *sys.argv[4:],
     )  # fmt: skip

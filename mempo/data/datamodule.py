@@ -25,8 +25,9 @@ class DataConfig:
     """Config group ``data``: where RL's tasks come from and the shape of a step.
 
     source: synthetic (the embedded world) | qa_files (Search-R1-style jsonl/parquet in train_files, val_files).
-    objectives: questions per task; batch_size: tasks per RL step (the paper: 128); group_size: G rollouts per task
-    (the paper: 16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.
+    objectives: questions per task; batch_size: tasks per RL step across all data-parallel ranks (the paper: 128;
+    each of W ranks takes batch_size / W of them, and W must divide it); group_size: G rollouts per task (the paper:
+    16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.
     """
 
     source: str = "synthetic"
@@ -59,9 +60,30 @@ def _identity(batch: list[Task]) -> list[Task]:
     return batch
 
 
+def per_rank_batch(batch_size: int, world_size: int) -> int:
+    """Tasks each rank takes of a step's ``data.batch_size`` (tasks per step across all ranks); an error naming the
+    key and the world size when the ranks cannot take equal shares."""
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if batch_size % world_size != 0:
+        raise ValueError(
+            f"data.batch_size={batch_size} (tasks per step across all ranks) is not divisible by the world size "
+            f"{world_size}: each rank takes an equal share; use a multiple of {world_size}"
+        )
+    return batch_size // world_size
+
+
+def tasks_per_step_line(batch_size: int, world_size: int) -> str:
+    """E.g. "tasks per step: 128 (16 per rank x 8 ranks)"; one process: "tasks per step: 2"."""
+    if world_size == 1:
+        return f"tasks per step: {batch_size}"
+    return f"tasks per step: {batch_size} ({per_rank_batch(batch_size, world_size)} per rank x {world_size} ranks)"
+
+
 class TaskStream(IterableDataset):
-    """Yields lists of ``batch_size`` tasks, starting at batch ``start``; each rank of ``world_size`` takes every
-    ``world_size``-th batch of the global stream."""
+    """Yields this rank's share of each global batch of ``batch_size`` tasks, starting at batch ``start``: rank r of
+    ``world_size`` takes the r-th contiguous slice of ``batch_size / world_size`` tasks, so the ranks' tasks at step
+    k together are exactly batch k of one process."""
 
     def __init__(
         self,
@@ -77,6 +99,7 @@ class TaskStream(IterableDataset):
             raise ValueError("TaskStream: the task pool is empty")
         if batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {batch_size}")
+        self.per_rank = per_rank_batch(batch_size, world_size)
         self.tasks, self.batch_size, self.seed = list(tasks), batch_size, seed
         self.start, self.rank, self.world_size = start, rank, world_size
         self._perms: dict[int, list[int]] = {}
@@ -98,8 +121,9 @@ class TaskStream(IterableDataset):
 
     def __iter__(self) -> Iterator[list[Task]]:
         k = self.start
+        lo = self.rank * self.per_rank
         while True:
-            yield self.batch(k * self.world_size + self.rank)
+            yield self.batch(k)[lo : lo + self.per_rank]
             k += 1
 
 

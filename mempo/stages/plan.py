@@ -70,6 +70,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.base import require
+from mempo.data.datamodule import per_rank_batch, tasks_per_step_line
 from mempo.lm.loading import SMOLLM2, TINY, cache_root, tiny_config
 from mempo.lm.logprobs import token_logprobs
 from mempo.rollout.vllm_sampler import DEFAULT_CPU_KV_CACHE_GB
@@ -288,6 +289,7 @@ class PlanInputs:
     gpu_gib: float
     overhead_gib: float
     chunk_size: int = HEAD_CHUNK
+    batch_size: int | None = None  # data.batch_size: tasks per step across all ranks (None: not shown)
 
 
 def parse_devices(devices: Any) -> int | None:
@@ -337,6 +339,8 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
     if shape.max_position_embeddings and shape.max_position_embeddings < seq_len:
         seq_len, seq_from = shape.max_position_embeddings, "the model's max_position_embeddings"
 
+    if world is not None:
+        per_rank_batch(cfg.data.batch_size, world)  # a batch the ranks cannot share fails here, naming the key
     engine = None
     if s.backend == "vllm":
         if s.enable_sleep_mode and not on_gpu:
@@ -369,6 +373,7 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
         engine=engine,
         gpu_gib=cfg.plan.gpu_gib,
         overhead_gib=cfg.plan.overhead_gib,
+        batch_size=int(cfg.data.batch_size),
     )
 
 
@@ -595,6 +600,12 @@ def _parts(p: MemoryPlan) -> list[tuple[str, str, int | None]]:
     return rows
 
 
+def _tasks_line(x: PlanInputs) -> str:
+    if x.world_size is None:
+        return f"tasks per step: {x.batch_size} (data.batch_size, shared by all devices of a node)"
+    return tasks_per_step_line(x.batch_size, x.world_size)
+
+
 def render(plan: MemoryPlan, title: str = "") -> str:
     """The plan as text: the setting, one line per part, the phases, then ``fits_line``."""
     p, x, m = plan, plan.inputs, plan.shape
@@ -611,6 +622,7 @@ def render(plan: MemoryPlan, title: str = "") -> str:
         f"  trainable {p.trainable / 1e9:.3f} B params (model.train_top_layers: {top})",
         f"  strategy  {strategy} over {world}; precision {x.precision}: params {_dtype(x.param_bytes)}, "
         f"compute {_dtype(x.compute_bytes)}",
+        *([f"  data      {_tasks_line(x)}"] if x.batch_size is not None else []),
         f"  sequence  micro-batch of {x.micro_batch_size} rows x {x.seq_len} tokens (bound: {x.seq_len_from}), "
         f"{x.scored_per_row} scored per row",
     ]

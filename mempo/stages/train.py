@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
-from mempo.data.datamodule import TaskDataModule
+from mempo.data.datamodule import TaskDataModule, per_rank_batch, tasks_per_step_line
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
 from mempo.eval.memory_credit import CREDIT_FILE
@@ -185,6 +185,10 @@ def fit_rl(
     ]
     # trainer.max_steps counts RL steps; Lightning counts optimizer steps (ppo_epochs per RL step).
     trainer = make_trainer(cfg, out, hooks, max_steps=cfg.trainer.max_steps * cfg.optim.ppo_epochs, max_epochs=-1)
+    per_rank_batch(cfg.data.batch_size, trainer.world_size)  # ranks share data.batch_size: refused before the fit
+    tasks_line = tasks_per_step_line(cfg.data.batch_size, trainer.world_size)
+    if trainer.is_global_zero:
+        print(f"[mempo] rl: {tasks_line}, G={cfg.data.group_size} rollouts each")
     ckpt_path = None
     if cfg.resume:
         if ckpt.last_path.exists():
@@ -211,6 +215,7 @@ def fit_rl(
         "stage": "rl",
         "name": cfg.name,
         "steps": module.batches_done,
+        "tasks_per_step": tasks_line,
         "wall_s": time.perf_counter() - start,
         "hf_folder": str(hf),
         "checkpoint": str(ckpt.last_path),

@@ -253,3 +253,10 @@ def test_the_cli_prints_the_plan_and_writes_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1].startswith("fits: no (needs ")
     assert list(tmp_path.iterdir()) == []  # no run folder, .hydra copy or log file
+
+
+def test_the_plan_states_the_global_batch_and_refuses_one_the_ranks_cannot_share():
+    text = render(plan_memory(compose_config("+exp=mempo")))
+    assert "  data      tasks per step: 128 (16 per rank x 8 ranks)" in text.splitlines()
+    with pytest.raises(ValueError, match=r"data\.batch_size=100 .*world size 8"):
+        plan_memory(compose_config("+exp=mempo", "data.batch_size=100"))
