@@ -55,6 +55,23 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
 OLD_LOGP_SOURCES = ("auto", "sampler", "recompute")
+# Sampling seeds: base + STEP_SEED_STRIDE x step + 7919 x turn (agent.collect) + i x n (prompt i, the sampler).
+STEP_SEED_STRIDE = 1_000_003
+# A data-parallel rank's offset: a band of SEED_BAND_STEPS steps, so rank r at step k < SEED_BAND_STEPS draws from
+# seeds no other rank's step below SEED_BAND_STEPS uses (7919 x turns + prompts x n stay below STEP_SEED_STRIDE).
+# It is not a multiple of 2^32: torch's CPU generator (vLLM-CPU's per-request generators, HFSampler) keeps only a
+# seed's low 32 bits, so an offset of 2^40 would give every rank the same draws there. 8 ranks x 512 steps of seeds
+# stay below 2^32; more ranks stay distinct on 64-bit generators (CUDA) and may meet on 32-bit ones.
+SEED_BAND_STEPS = 512
+RANK_SEED_STRIDE = SEED_BAND_STEPS * STEP_SEED_STRIDE
+
+
+def rollout_seed(base: int | None, step: int, rank: int = 0) -> int | None:
+    """The sampling seed of RL step ``step`` (0-based) on data-parallel rank ``rank``; rank 0's is the one-process
+    seed, so one-process runs sample exactly as before ranks had seeds of their own. None stays None (unseeded)."""
+    if base is None:
+        return None
+    return base + STEP_SEED_STRIDE * step + RANK_SEED_STRIDE * rank
 
 
 @dataclass(frozen=True)
@@ -154,7 +171,7 @@ class MemPOModule(L.LightningModule):
     def rollout(self, tasks: list[Task]) -> RolloutBatch:
         if self.sampler is None:
             raise RuntimeError("no sampler: MemPOModule must be trained with a SamplerCallback")
-        seed = None if self.sampling.seed is None else self.sampling.seed + 1_000_003 * self.batches_done
+        seed = rollout_seed(self.sampling.seed, self.batches_done, self.global_rank)  # ranks draw independently
         # training_step runs under the trainer's autocast (bf16-mixed); an in-process engine (vLLM-CPU runs torch
         # ops in this process) must sample in its own dtype, so that its log-probs are the behaviour policy's.
         with torch.autocast(self.device.type, enabled=False):
