@@ -1,14 +1,15 @@
 """A data-parallel fit of the tiny model on two CPU processes (gloo) under ``trainer=ddp`` or ``trainer=fsdp``,
 recording what tests/models/test_fsdp.py compares (the ranks use different micro-batch sizes: unequal work). Run as
 
-    python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate] [override ...]
+    python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate|vllm] [override ...]
 
 Every rank r writes ``RUN_DIR/probe-rank<r>.pt``: {"weights": the full policy weights after each step (a DDP rank's
 own replica; under FSDP gathered by all ranks), "tasks": every rank's tasks per step, "grads": the full step-1
 gradients (before clipping; rank 0 only)}. A resumed run starts its records at the resumed step. Sampler ``hf``
 generates with the (sharded) policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy
 of the starting weights, so every step pushes the policy's gathered weights into it and the canary checks that they
-landed.
+landed; ``vllm`` builds a float32 vLLM-CPU engine on every rank (the config's ``sampler=vllm``) and records, per rank,
+the executor it runs under and the ``RANK`` / ``LOCAL_RANK`` it was started with ("engine").
 
 Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here (conftest's is not
 loaded in a subprocess): a nonzero gradient whatever the rewards, so equal weights mean synchronized updates.
@@ -42,7 +43,18 @@ def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig
 class Probe(L.Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.record: dict[str, Any] = {"grads": None, "weights": {}, "tasks": {}}
+        self.record: dict[str, Any] = {"grads": None, "weights": {}, "tasks": {}, "engine": None}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        llm = getattr(pl_module.sampler, "llm", None)
+        if llm is not None:  # a vLLM engine
+            parallel = llm.llm_engine.vllm_config.parallel_config
+            env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
+            self.record["engine"] = {
+                "backend": parallel.distributed_executor_backend,
+                "world": parallel.world_size,
+                **env,
+            }
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
         if self.record["grads"] is None and pl_module.batches_done == 0:  # every rank gathers (a collective)
@@ -64,13 +76,14 @@ if __name__ == "__main__":
     # gradients do not depend on it.
     rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning for the process it starts
     sampler = sys.argv[3] if len(sys.argv) > 3 else "hf"
+    engine = ["sampler=vllm", "sampler.kv_cache_space_gb=1", "sampler.max_model_len=1024"] if sampler == "vllm" else []
     cfg = compose_config(
         "+exp=ablation_nomem", "+debug=default", f"trainer={strategy}", "trainer.accelerator=cpu",
         "trainer.devices=2", "trainer.precision=32-true", "agent.max_turns=2", "sampler.max_new_tokens=12",
         "optim.lr=1e-3", f"optim.micro_batch_size={1 if rank == 0 else 4}", "advantage.estimator=probe_signed",
         "data.batch_size=4",  # tasks per step across both ranks: 2 per rank, as before the key became global
         "seed=3", "eval.every_n_steps=0",  # no validation (the debug config's): sharding is what this probes
-        f"run_dir={run_dir}", *sys.argv[4:],
+        f"run_dir={run_dir}", *engine, *sys.argv[4:],
     )  # fmt: skip
 
     def separate_engine(module: Any) -> HFSampler:

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,27 @@ CANARY_PROBE = "Question:\nWho founded the company that built the first lighthou
 
 class WeightCanaryError(RuntimeError):
     """The engine's log-probs of the probe disagree with the trainer's after a weight push."""
+
+
+def _recording(pairs: Iterable[tuple[str, torch.Tensor]], names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``pairs`` as they are consumed, each name appended to ``names``."""
+    for name, tensor in pairs:
+        names.append(name)
+        yield name, tensor
+
+
+def check_streamed_names(streamed: Sequence[str], state: Any, *, tied: bool) -> None:
+    """The names a push streamed must be the policy's state-dict keys, each once; a tied ``lm_head.weight`` may be
+    left out (it is the embedding, which the engine has under its own name). Raises naming what differs."""
+    want, got = set(state), set(streamed)
+    missing = sorted(want - got - ({"lm_head.weight"} if tied else set()))
+    extra = sorted(got - want)
+    twice = sorted({k for k in streamed if streamed.count(k) > 1}) if len(got) != len(streamed) else []
+    if missing or extra or twice:
+        raise RuntimeError(
+            f"weight push: the streamed names are not the policy's state-dict keys: missing {missing[:8]}, "
+            f"unexpected {extra[:8]}, streamed twice {twice[:8]} ({len(missing)}, {len(extra)}, {len(twice)} in all)"
+        )
 
 
 class SamplerCallback(L.Callback):
@@ -102,7 +123,10 @@ class SamplerCallback(L.Callback):
         the policy itself (``HFSampler``) already has them."""
         t0 = time.perf_counter()
         if getattr(self.sampler, "model", None) is not pl_module.policy:
-            self.sampler.push_weights(full_tensors(pl_module.policy.state_dict()))
+            state = pl_module.policy.state_dict()
+            streamed: list[str] = []
+            self.sampler.push_weights(_recording(full_tensors(state), streamed))
+            check_streamed_names(streamed, state, tied=bool(getattr(pl_module.policy.config, "tie_word_embeddings", 0)))
         self.last_push_s = time.perf_counter() - t0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

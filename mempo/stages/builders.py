@@ -141,6 +141,7 @@ def build_sampler(
         enable_sleep_mode=s.enable_sleep_mode,
         kv_cache_space_gb=s.kv_cache_space_gb,
         seed=cfg.seed,
+        push_mode=s.push_mode,
         use_tqdm_on_load=cfg.verbose,  # the console shows third-party progress bars only when verbose
     )
 

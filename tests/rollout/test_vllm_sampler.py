@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,12 @@ from mempo.rollout.sampler import Sampler, SamplingConfig
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
-from mempo.rollout.vllm_sampler import VLLMSampler  # noqa: E402
+from mempo.rollout.vllm_sampler import (  # noqa: E402
+    INPROCESS_CHAIN,
+    VLLMSampler,
+    WeightPushError,
+    _inprocess_worker,
+)
 
 # vLLM's CPU attention and matmuls sum in another order than torch's: fp32 log-probs agree to about 2e-5
 # (environment.md), while assert_close's fp32 default allows 1e-5 + 1.3e-6 * |logp|.
@@ -130,6 +136,46 @@ def test_push_follows_new_weights_and_restores_old(
         assert engine.generate(prompts, sampled) == old_sampled
     finally:
         engine.push_mode = "in_process"
+
+
+def test_the_in_process_chain_exists_in_the_installed_build(engine: VLLMSampler) -> None:
+    """The private attributes the in-process push walks (the CUDA build's chain is checked by tests/test_gpu.py)."""
+    obj = engine.llm
+    for name in INPROCESS_CHAIN:
+        assert hasattr(obj, name), f"vLLM's LLM.{'.'.join(INPROCESS_CHAIN)} lost {name!r}"
+        obj = getattr(obj, name)
+    assert _inprocess_worker(engine.llm) is obj and callable(obj.reload_weights)
+
+
+def test_a_broken_chain_is_an_error_naming_the_link_and_the_vllm_version() -> None:
+    import vllm
+
+    config = SimpleNamespace(parallel_config=SimpleNamespace(world_size=1))
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config, engine_core=SimpleNamespace()))
+    with pytest.raises(
+        WeightPushError, match=rf"LLM\.llm_engine\.engine_core has no attribute 'engine_core'.*{vllm.__version__}"
+    ):
+        _inprocess_worker(llm)
+    config.parallel_config.world_size = 2
+    with pytest.raises(WeightPushError, match="push_mode=disk"):
+        _inprocess_worker(llm)
+
+
+@pytest.mark.parametrize("push_mode", ["in_process", "disk"])
+def test_a_push_that_misses_a_weight_is_an_error_naming_it(engine: VLLMSampler, hf, prompts, push_mode: str) -> None:
+    """vLLM only logs a warning for parameters a reload did not reach, and keeps their old values."""
+    model, _ = hf
+    params = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    before = engine.generate(prompts, params)
+    state = {k: v for k, v in model.state_dict().items() if k != "model.layers.0.mlp.down_proj.weight"}
+    engine.push_mode = push_mode
+    try:
+        with pytest.raises(WeightPushError, match=r"model\.layers\.0\.mlp\.down_proj\.weight"):
+            engine.push_weights(state)
+    finally:
+        engine.push_mode = "in_process"
+    engine.push_weights(model.state_dict())  # every weight: no error, and the engine is whole again
+    assert engine.generate(prompts, params) == before
 
 
 def test_sleep_and_wake_keep_outputs(engine: VLLMSampler, prompts) -> None:
