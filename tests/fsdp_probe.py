@@ -40,6 +40,13 @@ def _signed(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig
     return sign[:, None] * x.response_mask.float()
 
 
+@register_advantage("probe_rank0_only", needs_memory_scores=False)
+def _rank0_only(x: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> torch.Tensor:
+    """probe_signed on rank 0; 0 everywhere on rank 1, as when every group of a rank has equal rewards."""
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return _signed(x, memory, advantage) * float(rank == 0)
+
+
 class Probe(L.Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -66,6 +73,7 @@ class Probe(L.Callback):
         step = pl_module.batches_done
         self.record["weights"][step] = {n: t.clone() for n, t in full_tensors(pl_module.policy.state_dict())}
         self.record["tasks"][step] = gather_objects(pl_module.last_task_ids)
+        self.record.setdefault("rows", {})[step] = pl_module.last_metrics.get("train/rows_updated")
         torch.save(self.record, self.out / f"probe-rank{trainer.global_rank}.pt")
 
 

@@ -135,14 +135,26 @@ def credit_metrics(
     chains: Mapping[str, SyntheticQuestion] | None = None,
 ) -> dict[str, float]:
     """A step's summary (the module docstring's list); adv, mem_mask, response_mask: [N, T]."""
-    resp = response_mask.bool()
-    total = float(adv[resp].abs().sum())
-    on_mem = float(adv[resp & mem_mask.bool()].abs().sum())
-    out = {
-        "memory/adv_share": on_mem / total if total > 0 else 0.0,
+    return {
+        **unscored_metrics(rollouts, adv, mem_mask, response_mask, chains),
         "memory/adv_corr": within_group_correlation(records),
         "memory/complete_frac": sum(r["complete"] for r in records) / len(records) if records else 0.0,
     }
+
+
+def unscored_metrics(
+    rollouts: RolloutBatch,
+    adv: torch.Tensor,
+    mem_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    chains: Mapping[str, SyntheticQuestion] | None = None,
+) -> dict[str, float]:
+    """The part of ``credit_metrics`` that needs no memory-scoring forward: ``memory/adv_share`` and (synthetic data)
+    ``rollout/early_answer_rate``; a step that scores no memories logs these."""
+    resp = response_mask.bool()
+    total = float(adv[resp].abs().sum())
+    on_mem = float(adv[resp & mem_mask.bool()].abs().sum())
+    out = {"memory/adv_share": on_mem / total if total > 0 else 0.0}
     if chains is not None:
         early = [answered_early(t, chains) for t in rollouts.trajectories]
         known = [e for e in early if e is not None]

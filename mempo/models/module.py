@@ -33,10 +33,10 @@ from transformers import PreTrainedModel
 
 from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
-from mempo.eval.memory_credit import credit_metrics, credit_records
+from mempo.eval.memory_credit import credit_metrics, credit_records, unscored_metrics
 from mempo.lm.logprobs import token_logprobs
-from mempo.lm.scoring import lockstep_batches, memory_answer_probabilities, sequence_logprobs
-from mempo.lm.sharding import idle_forward, is_sharded, scalar
+from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
+from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -83,6 +83,8 @@ class OptimConfig:
     the module is built; the module itself takes sampler or recompute).
     max_nonfinite: non-finite losses or gradients in a row before the run stops.
     skip_no_signal: no AdamW update on a step whose advantages are all 0 and kl_coef = 0 (see ``_has_signal``).
+    skip_zero_adv_rows: with kl_coef = 0, turn samples whose advantage is 0 on every response token (each adds exactly
+    nothing to the gradient) are left out of the update and of the recomputed old log-probs (``update_rows``).
     """
 
     lr: float = 1e-6
@@ -94,6 +96,7 @@ class OptimConfig:
     old_logp: str = "auto"
     max_nonfinite: int = 3
     skip_no_signal: bool = True
+    skip_zero_adv_rows: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -292,11 +295,17 @@ class MemPOModule(L.LightningModule):
             adv = self.advantages(x, mem_r, mem_valid)  # [N, T] (Eq. 9)
         with timed(timings, "logp"):
             signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
-            old_logp, ref_logp = self._old_and_ref_logp(x) if signal else (None, None)
+            groups = self.update_rows(adv, x.response_mask)
+            old_logp, ref_logp = self._old_and_ref_logp(x, groups) if signal else (None, None)
         with timed(timings, "update"):
-            update = self._update(x, adv, old_logp, ref_logp) if signal else self._no_update()  # Eq. 10
+            update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
+        update["train/rows_updated"] = float(sum(len(g) for g in groups)) if signal else 0.0
         self.batches_done += 1
-        credit = self.memory_credit(rollouts, x, adv, mem_r, mem_valid, p_mem) if self.scores_memories else {}
+        if self.scores_memories:
+            credit = self.memory_credit(rollouts, x, adv, mem_r, mem_valid, p_mem)
+        else:
+            self.last_credit = []
+            credit = unscored_metrics(rollouts, adv, x.mem_mask, x.response_mask, self.chains)
         self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem, credit)
 
     def _log_step(
@@ -331,19 +340,56 @@ class MemPOModule(L.LightningModule):
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=n_tasks)
         self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=n_tasks)
 
-    def _old_and_ref_logp(self, x: TurnBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Old log-probs (the sampler's, or a no-grad recompute) and reference log-probs (only with a KL term)."""
+    def update_rows(self, adv: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+        """The turn samples the update computes, in groups micro-batched apart: with a KL term every row (one group,
+        every row has a gradient); without, the rows with a nonzero advantage on some response token, then (unless
+        ``optim.skip_zero_adv_rows``) the rows without, which add exactly 0 to the gradient. Batching the two apart
+        keeps the first group's computation identical whether the second runs or not."""
+        if self.loss_cfg.kl_coef > 0:
+            return [list(range(adv.shape[0]))]
+        has = (adv.ne(0) & response_mask).any(-1).tolist()
+        groups = [[i for i, h in enumerate(has) if h]]
+        if not self.optim_cfg.skip_zero_adv_rows:
+            groups.append([i for i, h in enumerate(has) if not h])
+        return groups
+
+    def _row_batches(self, lengths: list[int], groups: list[list[int]]) -> tuple[list[list[int]], int]:
+        """Length-sorted micro-batches within each group of rows, and the idle ones this rank adds to match the
+        busiest rank (sharded policy) or, under DDP, the one zero-weighted backward a rank with no rows needs to take
+        part in the gradient all-reduce."""
+        mbs = self.optim_cfg.micro_batch_size
+        batches = [
+            [rows[j] for j in b] for rows in groups for b in length_sorted_batches([lengths[i] for i in rows], mbs)
+        ]
+        idle = lockstep_count(len(batches), self.policy) - len(batches)
+        if not batches and not idle and self._world_size() > 1:
+            idle = 1
+        return batches, idle
+
+    def _world_size(self) -> int:
+        return int(getattr(self.trainer.strategy, "world_size", 1)) if self._trainer is not None else 1
+
+    def _old_and_ref_logp(self, x: TurnBatch, groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Old log-probs (the sampler's, or a no-grad recompute over the rows the update computes, group by group)
+        and reference log-probs (only with a KL term, which computes every row)."""
+
         # Only response tokens are scored: the loss and the KL never read a prompt position's log-prob.
-        score_args = {
-            "input_ids": x.input_ids,
-            "attention_mask": x.attention_mask,
-            "micro_batch_size": self.optim_cfg.micro_batch_size,
-            "score_mask": x.response_mask,
-        }
+        def score(model: torch.nn.Module) -> torch.Tensor:
+            out = torch.zeros(x.input_ids.shape, dtype=torch.float32)
+            for rows in _padded_groups(groups, model):
+                out[rows] = sequence_logprobs(
+                    model,
+                    x.input_ids[rows],
+                    x.attention_mask[rows],
+                    micro_batch_size=self.optim_cfg.micro_batch_size,
+                    score_mask=x.response_mask[rows],
+                )
+            return out
+
         old_logp = x.sampler_logp
         if self.optim_cfg.old_logp == "recompute":
-            old_logp = sequence_logprobs(self.policy, **score_args)
-        ref_logp = sequence_logprobs(self.reference, **score_args) if self.loss_cfg.kl_coef > 0 else None
+            old_logp = score(self.policy)
+        ref_logp = score(self.reference) if self.loss_cfg.kl_coef > 0 else None
         return old_logp, ref_logp
 
     def _has_signal(self, adv: torch.Tensor, response_mask: torch.Tensor) -> bool:
@@ -378,20 +424,29 @@ class MemPOModule(L.LightningModule):
         }
 
     def _update(
-        self, x: TurnBatch, adv: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None
+        self,
+        x: TurnBatch,
+        adv: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        groups: list[list[int]],
     ) -> dict[str, float]:
         opt = self.optimizers()
         sched = self.lr_schedulers()
         self.policy.train()
         weights = loss_weights(x.response_mask, self.loss_cfg.agg, traj_ids=x.traj_ids)  # [N, T]
         lengths = x.attention_mask.sum(-1).tolist()
+        rows = [i for g in groups for i in g]
+        computed_tokens = max(float(x.response_mask[rows].sum()), 1.0)  # clip_frac, ratio_mean: over computed rows
         sums: dict[str, float] = {}
         skipped = 0
         grad_norm = 0.0
         for _ in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
-            micro_batches, idle = lockstep_batches(lengths, self.optim_cfg.micro_batch_size, self.policy)
-            # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0).
+            # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
+            micro_batches, idle = self._row_batches(lengths, groups)
+            # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0); a DDP
+            # rank with no rows takes part in the all-reduce with one such backward.
             for _ in range(idle):
                 self.manual_backward(0.0 * idle_forward(self.policy))
             for j, idx in enumerate(micro_batches):
@@ -420,7 +475,7 @@ class MemPOModule(L.LightningModule):
                 with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
-                share = float(mb(x.response_mask).sum()) / max(float(x.response_mask.sum()), 1.0)
+                share = float(mb(x.response_mask).sum()) / computed_tokens
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
                 sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
@@ -491,6 +546,12 @@ class MemPOModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
             np.random.set_state(_numpy_state_from_plain(rng["numpy"]))
+
+
+def _padded_groups(groups: list[list[int]], model: torch.nn.Module) -> list[list[int]]:
+    """``groups`` without the empty ones, except under a sharded ``model``, where every group is scored (an empty one
+    by idle forwards only) so that the ranks' collectives pair up."""
+    return groups if is_sharded(model) else [g for g in groups if g]
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

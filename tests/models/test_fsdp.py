@@ -147,3 +147,16 @@ def test_one_vllm_engine_per_rank_under_the_external_launcher(strategy: str, tmp
     (row,) = csv.DictReader((tmp_path / "metrics.csv").open())
     assert float(row["train/canary_logp_diff"]) < 1e-3  # sampler.canary_tol's fp32 default
     assert abs(float(row["train/ratio_mean"]) - 1) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_rank_whose_rows_all_lack_signal_still_joins_the_update(strategy: str, tmp_path: Path) -> None:
+    """``optim.skip_zero_adv_rows``: rank 1's advantages are all 0 (every group's rewards equal), so it computes no
+    row of the update; it still takes part in the gradient reduction (a zero-weighted backward), so neither rank
+    hangs and both hold the same, moved weights (rank 0's gradient, averaged with rank 1's zeros)."""
+    ranks = _probe(tmp_path, strategy, "hf", "advantage.estimator=probe_rank0_only", "trainer.max_steps=2")
+    assert [r["rows"][2] for r in ranks][1] == 0.0 < ranks[0]["rows"][2]
+    for name, want in ranks[0]["weights"][2].items():
+        torch.testing.assert_close(ranks[1]["weights"][2][name], want, rtol=0, atol=0, msg=name)
+    assert _max_diff(ranks[0]["weights"][2], ranks[0]["weights"][1]) > LR / 2

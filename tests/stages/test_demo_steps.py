@@ -16,8 +16,8 @@ from mempo.stages import with_overrides
 from mempo.stages.config import compose_config
 from mempo.stages.demo import DEMO_RATES, demo_steps, expected_seconds
 
-# exp/grpo_cpu.yaml's recipe keys (its data.batch_size=4, trainer.max_steps=10, ckpt.every_n_steps=2,
-# eval.every_n_steps=8 and memory.log_p_ans=true are not the demo's)
+# exp/grpo_cpu.yaml's recipe keys (its data.batch_size=4, trainer.max_steps=10, ckpt.every_n_steps=5,
+# eval.every_n_steps=10 and memory.log_p_ans are not the demo's)
 GRPO_CPU = {
     "data.group_size": 8,
     "data.num_val_tasks": 16,
@@ -25,6 +25,7 @@ GRPO_CPU = {
     "reward.kind": "mean_em",
     "memory.alpha": 0.0,
     "optim.lr": 3.0e-5,
+    "sampler.canary_every": 2,
 }
 
 
