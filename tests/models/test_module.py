@@ -225,7 +225,8 @@ def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip
 
     cfg = make_cfg(
         *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "agent.max_turns=1", "trainer.max_steps=2",
-        f"optim.skip_no_signal={skip}", f"run_dir={tmp_path}",
+        # skip_zero_adv_rows would leave every row of the no-signal step out, i.e. skip its update too
+        f"optim.skip_no_signal={skip}", f"optim.skip_zero_adv_rows={skip}", f"run_dir={tmp_path}",
     )  # fmt: skip
     module, summary = fit_rl(cfg, callbacks=[ZeroAfterFirst()])
     assert summary["steps"] == 2 == module.trainer.global_step  # the skipped step still counts as an RL step
