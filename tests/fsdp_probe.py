@@ -97,7 +97,7 @@ if __name__ == "__main__":
     def separate_engine(module: Any) -> HFSampler:
         """An engine with its own copy of the starting weights: pushes have to land in it."""
         copy, _ = load_policy(resolve_model_path(cfg.model.name_or_path), dtype="float32")
-        return HFSampler(copy, module.tokenizer)
+        return HFSampler(copy, module.tokenizer, logprobs=cfg.sampler.logprobs)
 
     probe = Probe(run_dir)
     fit_rl(cfg, callbacks=[probe], make_sampler=separate_engine if sampler == "separate" else None)

@@ -66,6 +66,23 @@ def check_streamed_names(streamed: Sequence[str], state: Any, *, tied: bool) -> 
         )
 
 
+def check_logprob_reading(sampler: Any, pl_module: L.LightningModule) -> None:
+    """The engine's log-probs of sampled tokens (``sampler.logprobs``: tempered or raw) must be the ones the trainer
+    computes (``pl_module.logp_temperature``): otherwise the ratio of the update is off-policy by the temperature
+    while every metric looks plausible (the canary's greedy log-probs are raw either way)."""
+    reading = getattr(sampler, "logprobs", None)
+    temperature = getattr(getattr(pl_module, "sampling", None), "temperature", 1.0)
+    if reading is None or temperature in (0.0, 1.0):
+        return  # a scripted engine; or tempered and raw coincide
+    trainer_tempered = getattr(pl_module, "logp_temperature", 1.0) != 1.0
+    if (reading == "tempered") != trainer_tempered:
+        raise ValueError(
+            f"the engine returns {reading} log-probs but the trainer computes "
+            f"{'tempered' if trainer_tempered else 'raw'} ones (sampling temperature {temperature}): build the "
+            "sampler with the run's sampler.logprobs"
+        )
+
+
 class SamplerCallback(L.Callback):
     def __init__(
         self,
@@ -132,6 +149,7 @@ class SamplerCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.sampler = self.make_sampler(pl_module)
         pl_module.sampler = self.sampler
+        check_logprob_reading(self.sampler, pl_module)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the checkpoint is restored (ModelParallelStrategy restores after on_fit_start, DDP before it).

@@ -131,6 +131,7 @@ class MemPOModule(L.LightningModule):
         reward_kind: str = "all_em",
         seed: int = 0,
         chains: Any = None,
+        logp_temperature: float = 1.0,
     ) -> None:
         super().__init__()
         if loss.kl_coef > 0 and reference is None:
@@ -145,6 +146,9 @@ class MemPOModule(L.LightningModule):
         self.agent, self.sampling, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, sampling, loss, memory, optim
         self.advantage_cfg = advantage
         self.group_size, self.reward_kind, self.seed = group_size, reward_kind, seed
+        # The logits' divisor for the log-probs of sampled tokens (update, recomputed old, reference): the sampling
+        # temperature under sampler.logprobs=tempered, 1 under raw (SamplerConfig.logp_temperature).
+        self.logp_temperature = logp_temperature
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference out
         self.sampler: Sampler | None = None  # set by SamplerCallback
@@ -383,6 +387,7 @@ class MemPOModule(L.LightningModule):
                     x.attention_mask[rows],
                     micro_batch_size=self.optim_cfg.micro_batch_size,
                     score_mask=x.response_mask[rows],
+                    temperature=self.logp_temperature,
                 )
             return out
 
@@ -457,7 +462,11 @@ class MemPOModule(L.LightningModule):
                     return t[sl].to(self.device)
 
                 logp = token_logprobs(
-                    self.policy, mb(x.input_ids), mb(x.attention_mask), score_mask=mb(x.response_mask)
+                    self.policy,
+                    mb(x.input_ids),
+                    mb(x.attention_mask),
+                    score_mask=mb(x.response_mask),
+                    temperature=self.logp_temperature,
                 )
                 loss, m = policy_objective(
                     logp,

@@ -6,8 +6,9 @@ Semantics, shared with ``VLLMSampler``:
 - a generation ends at the first eos token (kept in ``token_ids``) or at the first token whose decoded text
   completes a stop string (kept; ``text`` is cut right after the stop string), else after max_new_tokens;
 - temperature 0 is greedy; otherwise plain temperature + top-p sampling (no top-k, no penalties);
-- ``logprobs`` are the raw policy's (no temperature or top-p), from one float32 forward of prompt + generation
-  after sampling, so they equal a plain forward of the same weights by construction.
+- ``logprobs`` are the raw policy's (no temperature or top-p), or with ``logprobs="tempered"`` those of
+  softmax(logits / temperature) for a sampled call (greedy calls stay raw), from one float32 forward of prompt +
+  generation after sampling, so they equal a plain forward of the same weights by construction.
 
 Under FSDP2 (a sharded policy, ``mempo.lm.sharding``) every forward is a collective, so ranks generate in lock
 step: each call pads its prompts with one-token dummy rows to the largest count of any rank (so all run the same
@@ -46,7 +47,10 @@ class HFSampler:
         *,
         batch_size: int | None = None,
         logprob_chunk_size: int = 256,
+        logprobs: str = "raw",
     ) -> None:
+        if logprobs not in ("raw", "tempered"):
+            raise ValueError(f"sampler.logprobs must be 'raw' or 'tempered', got {logprobs!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"sampler.batch_size must be >= 1 or None, got {batch_size}")
         if tokenizer.pad_token_id is None:
@@ -55,6 +59,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.logprob_chunk_size = logprob_chunk_size
+        self.logprobs = logprobs
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -144,7 +149,10 @@ class HFSampler:
         lengths = torch.tensor([len(ids) for ids, _ in kept], device=model.device)
         gen_mask = torch.arange(sequences.shape[1] - prompt_len, device=model.device)[None] < lengths[:, None]
         mask = torch.cat([prompt_mask, gen_mask.long()], dim=1)  # [b, prompt_len + L]
-        logp = token_logprobs(model, sequences, mask, chunk_size=self.logprob_chunk_size)[:, prompt_len:]
+        tempered = self.logprobs == "tempered" and params.temperature > 0
+        temperature = params.temperature if tempered else 1.0
+        logp = token_logprobs(model, sequences, mask, chunk_size=self.logprob_chunk_size, temperature=temperature)
+        logp = logp[:, prompt_len:]
         return [
             Generation(
                 token_ids=ids,

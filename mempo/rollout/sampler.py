@@ -18,6 +18,7 @@ import torch
 from mempo.core.base import one_of, require
 
 SAMPLER_BACKENDS = ("vllm", "hf")
+LOGPROB_READINGS = ("tempered", "raw")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,11 @@ class SamplerConfig:
     sync_every: push weights into the engine every k optimizer steps.
     push_mode: in_process (the trainer's tensors straight into the engine's worker) | disk (a safetensors file the
     engine reloads: for engines whose worker is not in this process, e.g. tensor_parallel_size > 1).
+    logprobs: which log-prob of a sampled token the engine returns and the trainer computes: tempered (the default:
+    log softmax(logits / temperature), the distribution the token was drawn from, as TRL and verl compute the policy
+    gradient; needs top_p = 1, since vLLM's processed log-probs include top-p's masking) or raw (log softmax(logits),
+    the untempered policy: before this switch existed, every recipe here used it). Greedy calls (evaluation,
+    validation, the canary) and memory scoring are untempered either way.
     canary_every / canary_tol / canary_tokens: after every k-th push (0 = off) the engine greedily generates
     ``canary_tokens`` tokens of a probe that the trainer scores; a mean absolute log-prob difference above
     ``canary_tol`` (nats per token) stops the run.
@@ -48,6 +54,7 @@ class SamplerConfig:
     kv_cache_space_gb: int | None = 2
     sync_every: int = 1
     push_mode: str = "in_process"
+    logprobs: str = "tempered"
     canary_every: int = 1
     canary_tol: float = 1e-3
     canary_tokens: int = 8
@@ -63,11 +70,23 @@ class SamplerConfig:
             ("max_model_len", self.max_model_len >= 1, "must be >= 1"),
             ("sync_every", self.sync_every >= 1, "must be >= 1"),
             ("push_mode", self.push_mode in ("in_process", "disk"), one_of(("in_process", "disk"))),
+            ("logprobs", self.logprobs in LOGPROB_READINGS, one_of(LOGPROB_READINGS)),
+            (
+                "top_p",
+                self.top_p == 1 or self.logprobs == "raw" or self.temperature == 0,
+                "must be 1 with sampler.logprobs=tempered (vLLM's tempered log-probs include top-p's masking, the "
+                "trainer's do not); set sampler.logprobs=raw to sample with top_p < 1",
+            ),
             ("canary_every", self.canary_every >= 0, "must be >= 0 (0 = off)"),
             ("canary_tol", self.canary_tol > 0, "must be > 0"),
             ("canary_tokens", self.canary_tokens >= 1, "must be >= 1"),
         ]
         require("sampler", self, checks)
+
+    @property
+    def logp_temperature(self) -> float:
+        """The temperature the trainer divides the logits by for the log-probs of sampled tokens (1: raw)."""
+        return self.temperature if self.logprobs == "tempered" and self.temperature > 0 else 1.0
 
     def sampling(self, *, seed: int | None, greedy: bool = False) -> SamplingConfig:
         """One call's parameters: this group's temperature and top_p, or greedy decoding."""

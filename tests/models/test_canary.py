@@ -34,7 +34,7 @@ class DroppedPush(HFSampler):
 
 
 def own_copy(cls: type[HFSampler]):
-    return lambda mod: cls(copy.deepcopy(mod.policy), mod.tokenizer)
+    return lambda mod: cls(copy.deepcopy(mod.policy), mod.tokenizer, logprobs="tempered")  # the run's sampler.logprobs
 
 
 def test_a_push_that_does_not_land_stops_the_run_naming_the_step(make_cfg, tmp_path):
