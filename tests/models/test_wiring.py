@@ -208,7 +208,7 @@ def _recording_fit(cfg: Any, callbacks: tuple = ()) -> tuple[Any, Recording]:
     holder: list[Recording] = []
 
     def make(mod: Any) -> Recording:
-        holder.append(Recording(HFSampler(mod.policy, mod.tokenizer)))
+        holder.append(Recording(HFSampler(mod.policy, mod.tokenizer, logprobs=cfg.sampler.logprobs)))
         return holder[0]
 
     module, _ = fit_rl(cfg, make_sampler=make, callbacks=list(callbacks))
@@ -223,8 +223,13 @@ def test_one_step_raises_positive_and_lowers_negative_advantage_rollouts(make_cf
     module, rec = _recording_fit(cfg)
     rollouts = rec.seen[:8]  # one turn per rollout: rollout i is the i-th generation (the weight canary's follow)
     assert len({tuple(g.token_ids) for _, g in rollouts}) == 8
+    temperature = cfg.sampler.temperature  # sampler.logprobs=tempered: the sampler's log-probs are at T
+    assert cfg.sampler.logprobs == "tempered"
     for traj_id, (prompt, gen) in enumerate(rollouts):
-        after = plain_logprobs(module.policy, prompt, gen)
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            logits = module.policy(input_ids=ids).logits[0].float()[len(prompt) - 1 : -1] / temperature
+        after = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
         delta = float(after.sum() - torch.tensor(gen.logprobs).sum())
         # test_signed: +1 on even rollouts, -1 on odd ones
         assert (delta > 0) == (traj_id % 2 == 0), f"rollout {traj_id}: log-prob moved by {delta:+.3g}"
