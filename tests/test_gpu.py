@@ -41,7 +41,6 @@ with TIS, a KL term, gradient checkpointing, memory scoring):
 from __future__ import annotations
 
 import csv
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -305,39 +304,6 @@ def _perturbed(tiny_folder: Path, seed: int = 1, scale: float = 0.05) -> Any:
     return model.cuda()
 
 
-class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def _unloaded(messages: list[str]) -> list[str]:
-    """vLLM's reload warnings of weights it did not load (reload/inplace.py: parameters no streamed tensor reached;
-    reload/layerwise.py: a layer that got none of its weights), less the layers that have none to get: rotary
-    embeddings (a computed cos/sin cache) and a tied head (its weight is the embedding, which the push skips)."""
-    expected = ("RotaryEmbedding", "ParallelLMHead")
-    return [
-        m
-        for m in messages
-        if "were not loaded" in m or ("Failed to load weights" in m and not any(k in m.split(":")[0] for k in expected))
-    ]
-
-
-@contextmanager
-def _vllm_warnings() -> Iterator[list[str]]:
-    """vLLM's WARNING+ messages while the block runs (a handler on its top logger: its records do not reach root)."""
-    handler = _Warnings()
-    logger = logging.getLogger("vllm")
-    logger.addHandler(handler)
-    try:
-        yield handler.messages
-    finally:
-        logger.removeHandler(handler)
-
-
 def test_vllm_engine_starts_on_the_current_device(engine: Engine) -> None:
     assert engine.device_after_start == engine.device_before, "starting the engine moved the current CUDA device"
     devices = {p.device for p in _engine_model(engine.sampler).parameters()}
@@ -395,9 +361,11 @@ def test_vllm_in_process_push_lands(engine: Engine, hf_cuda, vllm_prompts, tiny_
     old = sampler.generate(vllm_prompts, GREEDY)  # also caches the prompts' KV blocks, computed with the old weights
     _assert_scored_like(model, vllm_prompts, old, "before the push")
     try:
-        with _vllm_warnings() as warnings:
+        from mempo.rollout.vllm_sampler import _missed_weights, _reload_warnings
+
+        with _reload_warnings() as warnings:  # push_weights raises on these itself; read them here as well
             sampler.push_weights(noised.state_dict())
-        assert not _unloaded(warnings), warnings
+        assert not _missed_weights(warnings, tied_head=sampler._tied_embeddings), [w.getMessage() for w in warnings]
         assert sampler.last_push_s is not None and sampler.last_push_s > 0
         new = sampler.generate(vllm_prompts, GREEDY)  # the same prompts: stale cached blocks would show here
         _assert_scored_like(noised, vllm_prompts, new, "after the push (the noised model)")

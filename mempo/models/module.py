@@ -402,9 +402,8 @@ class MemPOModule(L.LightningModule):
         ranks agree (any rank's signal counts), so they all update or all skip together."""
         local = bool(self.loss_cfg.kl_coef > 0 or adv[response_mask].ne(0).any())
         flag = torch.tensor(float(local), device=self.device)
-        strategy = self.trainer.strategy if self._trainer is not None else None
-        if strategy is not None and getattr(strategy, "world_size", 1) > 1:
-            flag = strategy.reduce(flag, reduce_op="max")
+        if self._world_size() > 1:
+            flag = self.trainer.strategy.reduce(flag, reduce_op="max")
         return bool(flag > 0)
 
     def _no_update(self) -> dict[str, float]:
