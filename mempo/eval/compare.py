@@ -36,7 +36,9 @@ ENGINE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 class EvalConfig:
     """Config group ``eval``: the final evaluation, ``experiments/eval.py`` and in-training validation.
 
-    num_tasks: tasks per N (tables carry 95% bootstrap intervals over them); objectives: the N's; agents: memory
+    num_tasks: tasks per N (tables carry 95% bootstrap intervals over them); null = the whole split, each question
+    once (a pre-composed task file: every task with N objectives), per N; more than the split holds is an error;
+    objectives: the N's; agents: memory
     (MemPO) and/or full_history (ReAct baseline), each on the same tasks; checkpoints: label -> HF folder (null =
     model.name_or_path); every_n_steps: in-training validation on data.num_val_tasks tasks every k RL steps (0 =
     off); turn_slack: tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs 2N + 1: two hops per
@@ -48,7 +50,7 @@ class EvalConfig:
     exact log-probs; in-training validation keeps the RL engine's dtype).
     """
 
-    num_tasks: int = 16
+    num_tasks: int | None = 16
     objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
     agents: list[str] = field(default_factory=lambda: list(CONTEXT_MODES))
     greedy: bool = True
@@ -66,7 +68,7 @@ class EvalConfig:
             "eval",
             self,
             [
-                ("num_tasks", self.num_tasks >= 1, "must be >= 1"),
+                ("num_tasks", self.num_tasks is None or self.num_tasks >= 1, "must be null (the whole split) or >= 1"),
                 ("checkpoints", self.checkpoints is None or isinstance(self.checkpoints, Mapping), "must be a mapping"),
                 ("objectives", len(self.objectives) > 0 and min(self.objectives) >= 1, "must be >= 1 each"),
                 (
