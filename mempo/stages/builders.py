@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.base import temp_sibling
+from mempo.core.console import say
 from mempo.core.format import Tags
 from mempo.core.tasks import Question, Task
 from mempo.data.compose import compose_tasks, task_capacity
@@ -77,12 +78,17 @@ def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
         kwargs: dict[str, Any] = {"path": corpus_path(cfg), "cache_dir": cache_root(cache_dir(cfg)) / "bm25"}
     else:
         kwargs = {"url": e.url, "timeout_s": e.timeout_s, "max_retries": e.max_retries, "backoff_s": e.backoff_s}
+        kwargs["max_queries_per_post"] = e.max_queries_per_post
     retriever = make_retriever(e.retriever, **kwargs)
+    if e.wait_s > 0 and hasattr(retriever, "wait_ready"):  # a Search-R1 server loads its index for minutes
+        retriever.wait_ready(e.wait_s, say=say)
     return SearchEnv(
         retriever,
         tokenizer,
         topk=e.topk,
         max_passage_tokens=e.max_passage_tokens,
+        max_obs_tokens=e.max_obs_tokens,
+        render=e.render,
         information_tag=cfg.tags.information,
     )
 
