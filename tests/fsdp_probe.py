@@ -74,6 +74,7 @@ class Probe(L.Callback):
         self.record["weights"][step] = {n: t.clone() for n, t in full_tensors(pl_module.policy.state_dict())}
         self.record["tasks"][step] = gather_objects(pl_module.last_task_ids)
         self.record.setdefault("rows", {})[step] = pl_module.last_metrics.get("train/rows_updated")
+        self.record.setdefault("redraws", {})[step] = pl_module.last_metrics.get("rollout/redraw_rounds")
         torch.save(self.record, self.out / f"probe-rank{trainer.global_rank}.pt")
 
 

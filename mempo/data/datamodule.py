@@ -19,6 +19,7 @@ from mempo.core.tasks import Task
 from mempo.data.compose import COMPOSE_MODES
 
 DATA_SOURCES = ("synthetic", "qa_files")
+MAX_REDRAW_ROUNDS = 7  # a round's sampling seeds are offset within its step's (mempo.models.module.ROUND_SEED_STRIDE)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class DataConfig:
     objectives: questions per task; batch_size: tasks per RL step across all data-parallel ranks (the paper: 128;
     each of W ranks takes batch_size / W of them, and W must divide it); group_size: G rollouts per task (the paper:
     16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.
+    dynamic_sampling: DAPO's dynamic sampling (off by default): a group without signal is dropped and up to
+    redraw_rounds rounds of extra tasks (``RedrawStream``) are rolled out until each rank has its share of the batch
+    in groups with signal (``mempo.rollout.dynamic``).
     """
 
     source: str = "synthetic"
@@ -46,6 +50,8 @@ class DataConfig:
     world_seed: int = 0
     num_val_tasks: int = 16
     num_workers: int = 0
+    dynamic_sampling: bool = False
+    redraw_rounds: int = 3
 
     def __post_init__(self) -> None:
         require(
@@ -60,6 +66,7 @@ class DataConfig:
                 ("group_size", self.group_size >= 2, "must be >= 2 (GRPO needs a group)"),
                 ("num_val_tasks", self.num_val_tasks >= 1, "must be >= 1"),
                 ("num_workers", self.num_workers >= 0, "must be >= 0"),
+                ("redraw_rounds", 1 <= self.redraw_rounds <= MAX_REDRAW_ROUNDS, f"must be in 1..{MAX_REDRAW_ROUNDS}"),
             ],
         )
 
@@ -133,6 +140,23 @@ class TaskStream(IterableDataset):
         while True:
             yield self.batch(k)[lo : lo + self.per_rank]
             k += 1
+
+
+class RedrawStream:
+    """Dynamic sampling's extra tasks: ``stream(step, round, rank, n)`` is n tasks of the training pool drawn without
+    replacement (with it past the pool's size), a pure function of (seed, step, round, rank), so a resumed run
+    redraws exactly what an uninterrupted one did and ranks draw apart."""
+
+    def __init__(self, tasks: Sequence[Task], *, seed: int = 0) -> None:
+        if not tasks:
+            raise ValueError("RedrawStream: the task pool is empty")
+        self.tasks, self.seed = list(tasks), seed
+
+    def __call__(self, step: int, round: int, rank: int, n: int) -> list[Task]:
+        rng = random.Random(f"redraw/{self.seed}/{step}/{round}/{rank}")  # str seeds hash deterministically
+        k = len(self.tasks)
+        picks = rng.sample(range(k), n) if n <= k else rng.choices(range(k), k=n)
+        return [self.tasks[i] for i in picks]
 
 
 class TaskDataModule(L.LightningDataModule):

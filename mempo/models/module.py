@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +52,7 @@ from mempo.losses import (
 )
 from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
+from mempo.rollout.dynamic import Draw, groups_with_signal, merge_groups
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -64,6 +66,9 @@ STEP_SEED_STRIDE = 1_000_003
 # stay below 2^32; more ranks stay distinct on 64-bit generators (CUDA) and may meet on 32-bit ones.
 SEED_BAND_STEPS = 512
 RANK_SEED_STRIDE = SEED_BAND_STEPS * STEP_SEED_STRIDE
+# Dynamic sampling's redraw round r (1..7, data.redraw_rounds) samples from seed + r x ROUND_SEED_STRIDE inside its
+# step's band: distinct from round 0's seeds while 7919 x turns + prompts x n stays below it.
+ROUND_SEED_STRIDE = 124_991
 
 
 def rollout_seed(base: int | None, step: int, rank: int = 0) -> int | None:
@@ -132,6 +137,7 @@ class MemPOModule(L.LightningModule):
         seed: int = 0,
         chains: Any = None,
         logp_temperature: float = 1.0,
+        redraw_rounds: int = 0,
     ) -> None:
         super().__init__()
         if loss.kl_coef > 0 and reference is None:
@@ -149,6 +155,10 @@ class MemPOModule(L.LightningModule):
         # The logits' divisor for the log-probs of sampled tokens (update, recomputed old, reference): the sampling
         # temperature under sampler.logprobs=tempered, 1 under raw (SamplerConfig.logp_temperature).
         self.logp_temperature = logp_temperature
+        # Dynamic sampling (data.dynamic_sampling): up to redraw_rounds rounds of extra tasks from ``redraw``
+        # (step, round, rank, n) -> tasks, injected by the RL stage (mempo.data.datamodule.RedrawStream); 0 = off.
+        self.redraw_rounds = redraw_rounds
+        self.redraw: Callable[[int, int, int, int], list[Task]] | None = None
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference out
         self.sampler: Sampler | None = None  # set by SamplerCallback
@@ -175,10 +185,13 @@ class MemPOModule(L.LightningModule):
         return batch  # a list of Task: text, nothing to move
 
     # ------------------------------------------------------------------------------------------------ rollouts
-    def rollout(self, tasks: list[Task]) -> RolloutBatch:
+    def rollout(self, tasks: list[Task], round: int = 0) -> RolloutBatch:
+        """G rollouts of each task; ``round`` > 0: a dynamic-sampling redraw round (seeds of its own)."""
         if self.sampler is None:
             raise RuntimeError("no sampler: MemPOModule must be trained with a SamplerCallback")
         seed = rollout_seed(self.sampling.seed, self.batches_done, self.global_rank)  # ranks draw independently
+        if seed is not None:
+            seed += ROUND_SEED_STRIDE * round
         # training_step runs under the trainer's autocast (bf16-mixed); an in-process engine (vLLM-CPU runs torch
         # ops in this process) must sample in its own dtype, so that its log-probs are the behaviour policy's.
         with torch.autocast(self.device.type, enabled=False):
@@ -292,11 +305,16 @@ class MemPOModule(L.LightningModule):
         with timed(timings, "generate"):
             self.policy.eval()
             rollouts = self.rollout(batch)  # G rollouts per task, R^T set
-            self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
         with timed(timings, "score"):
-            mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)  # R^M [N] (Eq. 4, 5)
-            x = rollouts.to_tensors(self.pad_id)
-            adv = self.advantages(x, mem_r, mem_valid)  # [N, T] (Eq. 9)
+            draw = self._score(rollouts)  # R^M [N] (Eq. 4, 5), token advantages [N, T] (Eq. 9)
+        if self.redraw_rounds:
+            with timed(timings, "redraw"):
+                draw, dynamic = self._fill_groups(draw, len(batch))
+            self.last_task_ids = list(dict.fromkeys(t.task.task_id for t in draw.rollouts.trajectories))
+        self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
+        rollouts, x, adv, mem_r, mem_valid, p_mem = (
+            draw.rollouts, draw.x, draw.adv, draw.mem_r, draw.mem_valid, draw.p_mem
+        )  # fmt: skip
         with timed(timings, "logp"):
             signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
             groups = self.update_rows(adv, x.response_mask)
@@ -310,7 +328,52 @@ class MemPOModule(L.LightningModule):
         else:
             self.last_credit = []
             credit = unscored_metrics(rollouts, adv, x.mem_mask, x.response_mask, self.chains)
+        if self.redraw_rounds:
+            credit.update(dynamic)
         self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem, credit)
+
+    def _score(self, rollouts: RolloutBatch) -> Draw:
+        mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
+        x = rollouts.to_tensors(self.pad_id)
+        return Draw(rollouts, x, self.advantages(x, mem_r, mem_valid), mem_r, mem_valid, p_mem)
+
+    def _fill_groups(self, first: Draw, wanted: int) -> tuple[Draw, dict[str, float]]:
+        """Dynamic sampling: keep the groups with signal and roll out more tasks (``redraw``) until ``wanted`` groups
+        have it, within ``redraw_rounds`` rounds. Every rank runs every round (the most groups any rank lacks, so
+        sharded forwards pair up) and keeps what it lacks. With no group with signal at all, the step trains on its
+        own tasks as drawn (advantages all 0: ``skip_no_signal`` then skips the update)."""
+        if self.redraw is None:
+            raise RuntimeError("data.dynamic_sampling needs a redraw stream: MemPOModule.redraw (the RL stage sets it)")
+        kept, draws, drawn = [], [first], 0
+        for round in range(self.redraw_rounds + 1):
+            draw = draws[-1]
+            have = sum(len(g) for _, g in kept)
+            gids = groups_with_signal(draw.adv, draw.x.response_mask, draw.x.group_ids)[: wanted - have]
+            if gids:
+                kept.append((draw, gids))
+            missing = self._max_over_ranks(wanted - have - len(gids))
+            if missing == 0 or round == self.redraw_rounds:
+                break
+            tasks = self.redraw(self.batches_done, round + 1, self.global_rank, missing)
+            drawn += len(tasks)
+            draws.append(self._score(self.rollout(tasks, round=round + 1)))
+        groups = sum(len(d.rollouts.trajectories) for d in draws) // self.group_size
+        with_signal = sum(len(g) for _, g in kept)
+        metrics = {
+            "rollout/redraw_rounds": float(len(draws) - 1),
+            "rollout/redrawn_tasks": float(drawn),
+            "rollout/signal_groups": float(with_signal),
+            "rollout/drawn_zero_adv_groups": 1.0
+            - sum(len(groups_with_signal(d.adv, d.x.response_mask, d.x.group_ids)) for d in draws) / max(groups, 1),
+        }
+        return (merge_groups(kept, self.pad_id) if kept else first), metrics
+
+    def _max_over_ranks(self, n: int) -> int:
+        """The largest ``n`` over the data-parallel ranks (every rank must call it)."""
+        if self._world_size() == 1:
+            return n
+        t = self.trainer.strategy.reduce(torch.tensor(float(n), device=self.device), reduce_op="max")
+        return int(t.item())
 
     def _log_step(
         self,

@@ -237,6 +237,7 @@ def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
         seed=cfg.seed,
         chains=synthetic_chains(cfg),
         logp_temperature=group(cfg, "sampler").logp_temperature,
+        redraw_rounds=cfg.data.redraw_rounds if cfg.data.dynamic_sampling else 0,
     )
     return module, model_path
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
-from mempo.data.datamodule import TaskDataModule, per_rank_batch, tasks_per_step_line
+from mempo.data.datamodule import RedrawStream, TaskDataModule, per_rank_batch, tasks_per_step_line
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
 from mempo.eval.memory_credit import CREDIT_FILE
@@ -174,6 +174,8 @@ def fit_rl(
     # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
     module, model_path = build_module(cfg)
+    if module.redraw_rounds:  # dynamic sampling's extra tasks: the training pool, keyed by (step, round, rank)
+        module.redraw = RedrawStream(data.train_tasks, seed=cfg.seed)
     ckpt = StepCheckpoint(out / "checkpoints", cfg.ckpt.every_n_steps)
 
     if make_sampler is None:

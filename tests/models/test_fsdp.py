@@ -154,8 +154,15 @@ def test_one_vllm_engine_per_rank_under_the_external_launcher(strategy: str, tmp
 def test_a_rank_whose_rows_all_lack_signal_still_joins_the_update(strategy: str, tmp_path: Path) -> None:
     """``optim.skip_zero_adv_rows``: rank 1's advantages are all 0 (every group's rewards equal), so it computes no
     row of the update; it still takes part in the gradient reduction (a zero-weighted backward), so neither rank
-    hangs and both hold the same, moved weights (rank 0's gradient, averaged with rank 1's zeros)."""
-    ranks = _probe(tmp_path, strategy, "hf", "advantage.estimator=probe_rank0_only", "trainer.max_steps=2")
+    hangs and both hold the same, moved weights (rank 0's gradient, averaged with rank 1's zeros). With dynamic
+    sampling on, rank 1 lacks both groups and rank 0 none: both run the one redraw round (under FSDP the sharded
+    policy generates and updates in lock step, so a rank that skipped the round would hang the other; under DDP
+    the ranks would record different rounds), and rank 1, still without signal, trains on its own tasks."""
+    ranks = _probe(
+        tmp_path, strategy, "hf", "advantage.estimator=probe_rank0_only", "trainer.max_steps=2",
+        "data.dynamic_sampling=true", "data.redraw_rounds=1",
+    )  # fmt: skip
+    assert [r["redraws"][2] for r in ranks] == [1.0, 1.0]
     assert [r["rows"][2] for r in ranks][1] == 0.0 < ranks[0]["rows"][2]
     for name, want in ranks[0]["weights"][2].items():
         torch.testing.assert_close(ranks[1]["weights"][2][name], want, rtol=0, atol=0, msg=name)
