@@ -100,6 +100,7 @@ def test_real_data_path_end_to_end(tmp_path, tiny_path):
         assert no_source(build_tasks(files, "val")) == in_process
         assert {q.source for t in build_tasks(files, "val") for q in t.objectives} == {"synthetic"}
         mem1 = load_qa_items(data / "val_mem1.parquet")
+
         def texts(tasks: list[Task]) -> list:  # MEM1's layout carries no question ids
             return [[(q.question, q.answers) for q in t.objectives] for t in tasks]
 

@@ -149,3 +149,15 @@ def test_warm_start_on_real_data_needs_a_teacher_file(make_cfg, tmp_path, tiny_p
     cfg = make_cfg("data=qa_files", f"data.train_files=[{train}]", "env=http", "model=tiny")
     with pytest.raises(ValueError, match=r"sft.trajectories=null with data.source=qa_files.*\"turns\""):
         sft_data(cfg, load_tokenizer(tiny_path))
+
+
+@pytest.mark.parametrize("stage", ["demo", "headline"])
+def test_stages_comparing_on_fixed_tasks_refuse_eval_num_tasks_null(make_cfg, tmp_path, stage):
+    """eval.num_tasks=null (each question of the split once) is stage=eval's; the demo and the headline multiply and
+    print the number, so they refuse it before anything trains, naming the key."""
+    from mempo.stages import STAGES
+
+    cfg = make_cfg(f"stage={stage}", "eval.num_tasks=null", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(ValueError, match=rf"eval.num_tasks=null .* stage={stage} needs a number"):
+        STAGES[stage](cfg)
+    assert not (tmp_path / "run" / "sft").exists()

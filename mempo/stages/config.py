@@ -303,6 +303,17 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def require_eval_task_count(cfg: DictConfig, stage: str) -> int:
+    """``eval.num_tasks`` for a stage that compares checkpoints on a fixed number of held-out tasks (demo, headline):
+    null (each question of the split once) is for ``stage=eval``, an error here naming the key."""
+    if cfg.eval.num_tasks is None:
+        raise ValueError(
+            f"eval.num_tasks=null (each question of the split once) is for stage=eval; stage={stage} needs a number "
+            "of held-out tasks per N (e.g. eval.num_tasks=64)"
+        )
+    return int(cfg.eval.num_tasks)
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16). Without them torch's bf16
     matmuls fall back to a scalar kernel that runs several times slower than float32 (measured: a warm-start step
