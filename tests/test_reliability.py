@@ -38,10 +38,10 @@ def test_missing_paths_name_the_key(make_cfg, override, key):
 
 def test_missing_data_files_name_the_key_and_index(make_cfg, tmp_path):
     good = _jsonl(tmp_path / "train.jsonl", [GOOD])
-    cfg = make_cfg("data=qa_files", f"data.train_files=[{good},{tmp_path / 'gone.jsonl'}]")
+    cfg = make_cfg("data=qa_files", f"data.train_files=[{good},{tmp_path / 'gone.jsonl'}]", "env=http")
     with pytest.raises(FileNotFoundError, match=r"config key data.train_files\[1\]=.*gone.jsonl"):
         check_paths(cfg)
-    check_paths(make_cfg("data=qa_files", f"data.train_files=[{good}]"))  # existing files pass
+    check_paths(make_cfg("data=qa_files", f"data.train_files=[{good}]", "env=http"))  # existing files pass
 
 
 def test_model_folder_without_config_json_is_rejected(make_cfg, tmp_path):
@@ -72,7 +72,12 @@ def test_bad_training_data_fails_before_the_model_loads(make_cfg, tmp_path, monk
     cache.mkdir()
     monkeypatch.setenv("MEMPO_CACHE", str(cache))
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    cfg = make_cfg("model=tiny", "sampler=hf", "data=qa_files", f"data.train_files=[{train}]", f"run_dir={tmp_path}/r")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"Ann\\"\\nAnn is here."}\n')
+    cfg = make_cfg(
+        "model=tiny", "sampler=hf", "data=qa_files", f"data.train_files=[{train}]", f"env.corpus={corpus}",
+        f"run_dir={tmp_path}/r",
+    )  # fmt: skip
     with pytest.raises(ValueError, match=message):
         fit_rl(cfg)
     assert list(cache.iterdir()) == []
@@ -120,3 +125,39 @@ def test_cli_bad_model_path_fails_naming_the_key_and_writes_only_into_run_dir(tm
     assert list(cwd.iterdir()) == []
     assert (run / ".hydra" / "config.yaml").is_file()
     assert not (tmp_path / "cache").exists()  # no model was built
+
+
+def test_real_data_against_the_synthetic_corpus_is_refused(make_cfg, tmp_path):
+    """Review D1: data=qa_files with env=bm25 and env.corpus=null searched the synthetic world (rewards about 0,
+    nothing said why). A corpus of the user's own, or env=http, stays legitimate."""
+    train = _jsonl(tmp_path / "train.jsonl", [GOOD])
+    with pytest.raises(ValueError, match=r"data.source=qa_files with env.retriever=bm25 and env.corpus=null"):
+        check_paths(make_cfg("data=qa_files", f"data.train_files=[{train}]"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "contents": "x"}\n')
+    check_paths(make_cfg("data=qa_files", f"data.train_files=[{train}]", f"env.corpus={corpus}"))
+    check_paths(make_cfg("data=qa_files", f"data.train_files=[{train}]", "env=http"))
+
+
+def test_warm_start_on_real_data_needs_a_teacher_file(make_cfg, tmp_path, tiny_path):
+    """Review D2: stage=sft (and demo, headline through it) on real data without sft.trajectories trained on the
+    synthetic oracle and replayed its fictional queries against the real retriever."""
+    from mempo.lm.loading import load_tokenizer
+    from mempo.stages.train import sft_data
+
+    train = _jsonl(tmp_path / "train.jsonl", [GOOD])
+    cfg = make_cfg("data=qa_files", f"data.train_files=[{train}]", "env=http", "model=tiny")
+    with pytest.raises(ValueError, match=r"sft.trajectories=null with data.source=qa_files.*\"turns\""):
+        sft_data(cfg, load_tokenizer(tiny_path))
+
+
+@pytest.mark.parametrize("stage", ["demo", "headline"])
+def test_stages_comparing_on_fixed_tasks_refuse_eval_num_tasks_null(make_cfg, tmp_path, stage):
+    """eval.num_tasks=null (each question of the split once) is stage=eval's; the demo and the headline multiply and
+    print the number, so they refuse it before anything trains, naming the key."""
+    from mempo.stages import STAGES
+
+    cfg = make_cfg(f"stage={stage}", "eval.num_tasks=null", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(ValueError, match=rf"eval.num_tasks=null .* stage={stage} needs a number"):
+        STAGES[stage](cfg)
+    assert not (tmp_path / "run" / "sft").exists()

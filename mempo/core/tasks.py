@@ -13,11 +13,13 @@ ANSWER_SEPARATOR = "; "
 
 @dataclass(frozen=True)
 class Question:
-    """One objective: the question text and its gold answers (aliases; the first is canonical)."""
+    """One objective: the question text and its gold answers (aliases; the first is canonical). ``source``: the
+    dataset it comes from (Search-R1's and MEM1's ``data_source``: nq, hotpotqa, ...; "" when unknown)."""
 
     question: str
     answers: tuple[str, ...]
     qid: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not self.question.strip():
@@ -44,6 +46,11 @@ class Task:
         if len(self.objectives) == 1:
             return self.objectives[0].question
         return "\n".join(f"({i}) {q.question}" for i, q in enumerate(self.objectives, start=1))
+
+    @property
+    def source(self) -> str:
+        """The objectives' ``source`` when they share one, else their distinct sources joined by "+"."""
+        return "+".join(dict.fromkeys(q.source for q in self.objectives))
 
     @property
     def gold(self) -> str:

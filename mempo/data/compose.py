@@ -11,6 +11,28 @@ from collections.abc import Sequence
 
 from mempo.core.tasks import Question, Task
 
+COMPOSE_MODES = ("pooled", "by_source")
+
+
+def by_source_groups(questions: Sequence[Question], objectives: int) -> list[tuple[Question, ...]]:
+    """MEM1's composition: consecutive questions of one source, in file order, cut into groups of ``objectives``;
+    each source's remainder is dropped. Sources come in the order they first appear."""
+    sources: dict[str, list[Question]] = {}
+    for q in questions:
+        sources.setdefault(q.source, []).append(q)
+    return [
+        tuple(qs[i : i + objectives])
+        for qs in sources.values()
+        for i in range(0, len(qs) // objectives * objectives, objectives)
+    ]
+
+
+def task_capacity(questions: Sequence[Question], objectives: int, mode: str = "pooled") -> int:
+    """Tasks of ``objectives`` questions one pass over ``questions`` yields (no question used twice)."""
+    if mode == "by_source":
+        return len(by_source_groups(questions, objectives))
+    return len(questions) // objectives
+
 
 def compose_tasks(
     questions: Sequence[Question],
@@ -19,6 +41,7 @@ def compose_tasks(
     num_tasks: int | None = None,
     seed: int = 0,
     prefix: str = "task",
+    mode: str = "pooled",
 ) -> list[Task]:
     """Bundle ``objectives`` questions into each task, deterministically in ``seed``.
 
@@ -30,7 +53,12 @@ def compose_tasks(
     longer run sees a superset of a shorter one's tasks. Task ids are ``f"{prefix}-{k}"``, k = 0, 1, ...
 
     The gold answer of each task is its questions' canonical answers joined by ``"; "`` (``Task.gold``).
+
+    mode: pooled (the above) | by_source (MEM1's: ``by_source_groups``, in file order, no shuffle; ``num_tasks``
+    takes the first tasks and may not exceed one pass).
     """
+    if mode not in COMPOSE_MODES:
+        raise ValueError(f"compose_tasks: mode must be one of {COMPOSE_MODES}, got {mode!r}")
     if objectives < 1:
         raise ValueError(f"compose_tasks: objectives must be >= 1, got {objectives}")
     if not questions:
@@ -41,6 +69,17 @@ def compose_tasks(
         )
     if num_tasks is not None and num_tasks < 1:
         raise ValueError(f"compose_tasks: num_tasks must be >= 1 or None, got {num_tasks}")
+
+    if mode == "by_source":
+        groups = by_source_groups(questions, objectives)
+        if not groups:
+            raise ValueError(f"compose_tasks: no source holds {objectives} questions (mode by_source)")
+        if num_tasks is not None and num_tasks > len(groups):
+            raise ValueError(
+                f"compose_tasks: {num_tasks} tasks asked, but {len(questions)} questions compose {len(groups)} tasks "
+                f"of {objectives} by source (mode by_source does not reuse questions)"
+            )
+        return [Task(f"{prefix}-{k}", g) for k, g in enumerate(groups[:num_tasks])]
 
     per_epoch = len(questions) // objectives
     wanted = per_epoch if num_tasks is None else num_tasks

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mempo.core.base import one_of, require
 from mempo.core.tasks import Task
+from mempo.data.compose import COMPOSE_MODES
 
 DATA_SOURCES = ("synthetic", "qa_files")
 MAX_REDRAW_ROUNDS = 7  # a round's sampling seeds are offset within its step's (mempo.models.module.ROUND_SEED_STRIDE)
@@ -25,7 +26,11 @@ MAX_REDRAW_ROUNDS = 7  # a round's sampling seeds are offset within its step's (
 class DataConfig:
     """Config group ``data``: where RL's tasks come from and the shape of a step.
 
-    source: synthetic (the embedded world) | qa_files (Search-R1-style jsonl/parquet in train_files, val_files).
+    source: synthetic (the embedded world) | qa_files (Search-R1-style jsonl/parquet in train_files, val_files and
+    test_files: eval.split=test reads test_files, refused when one of its questions is in the train or val files;
+    a file of pre-composed tasks, e.g. MEM1's, is taken as it is). compose: how question files become tasks,
+    pooled (every file's questions shuffled together with ``seed``) | by_source (MEM1's: consecutive questions of
+    one data_source, remainder dropped).
     objectives: questions per task; batch_size: tasks per RL step across all data-parallel ranks (the paper: 128;
     each of W ranks takes batch_size / W of them, and W must divide it); group_size: G rollouts per task (the paper:
     16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.
@@ -37,6 +42,8 @@ class DataConfig:
     source: str = "synthetic"
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
+    test_files: list[str] = field(default_factory=list)
+    compose: str = "pooled"
     objectives: int = 2
     batch_size: int = 2
     group_size: int = 4
@@ -53,6 +60,7 @@ class DataConfig:
             [
                 ("source", self.source in DATA_SOURCES, one_of(DATA_SOURCES)),
                 ("train_files", self.source != "qa_files" or len(self.train_files) > 0, "is required (qa_files)"),
+                ("compose", self.compose in COMPOSE_MODES, one_of(COMPOSE_MODES)),
                 ("objectives", self.objectives >= 1, "must be >= 1"),
                 ("batch_size", self.batch_size >= 1, "must be >= 1"),
                 ("group_size", self.group_size >= 2, "must be >= 2 (GRPO needs a group)"),

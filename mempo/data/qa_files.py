@@ -1,10 +1,19 @@
-"""Real-data QA loaders: Search-R1-style ``.jsonl`` / ``.json`` / ``.parquet`` files of questions.
+"""Real-data QA loaders: Search-R1-style ``.jsonl`` / ``.json`` / ``.parquet`` files of questions, or of tasks.
 
-A row needs ``question`` (a non-empty string) and ``golden_answers`` (a non-empty list of non-empty strings;
-a single string is accepted as a one-answer list), the FlashRAG / Search-R1 field names. Fallbacks, used only
-when ``golden_answers`` is absent: ``answers`` (same types), then ``answer`` (a string or a list). An ``id``
-field (string or integer) becomes the question id; otherwise it is ``f"{file stem}-{row}"``. Other fields
-are ignored.
+A *question row* needs ``question`` (a non-empty string) and ``golden_answers`` (a non-empty list of non-empty
+strings; a single string is accepted as a one-answer list), the FlashRAG / Search-R1 field names. Fallbacks, per
+cell: when ``golden_answers`` is absent or null, ``answers`` (same types), then ``answer`` (a string or a list). An
+``id`` field (string or integer) becomes the question id; absent or null, it is ``f"{file stem}-{row}"``.
+``data_source`` (a string) becomes ``Question.source``; absent or null, the file stem. Other fields are ignored.
+
+A file may instead hold *pre-composed tasks*, one a row, taken as they are (never re-composed):
+- MEM1's multi-objective rows (no ``question`` column): ``prompt`` (a chat list, or a string) whose text ends with
+  ``"Answer the following questions: q1?; q2?"`` and ``reward_model.ground_truth.target``, one alias list per
+  question. The questions are the text after the last ``"Answer the following questions: "``, split on ``"?; "``
+  (each keeps its ``?``); their count must equal the number of alias lists.
+- mempo's own rows: ``{"task_id", "objectives": [{"question", "answers", "qid"?}, ...]}`` (the teacher format's
+  task part, ``mempo.data.oracle``), with an optional ``data_source``.
+The first row decides which kind a file holds; every row must then be of that kind.
 
 Any bad row stops the load with a ``ValueError`` that names the file, the line (1-based; for parquet and JSON
 arrays, the 1-based row) and the key, before training starts: a broken JSON line, a row that is not an
@@ -23,6 +32,8 @@ from mempo.core.tasks import Question, Task
 from mempo.data.compose import compose_tasks
 
 ANSWER_KEYS = ("golden_answers", "answers", "answer")
+MEM1_LEAD = "Answer the following questions: "
+TASK_KEYS = ("objectives", "reward_model")  # a row with one of these and no "question" is a pre-composed task
 
 
 def _fail(where: str, key: str | None, problem: str) -> ValueError:
@@ -89,15 +100,83 @@ def require_answers(row: dict[str, Any], key: str, where: str) -> tuple[str, ...
     return tuple(value)
 
 
-def question_from_row(row: dict[str, Any], where: str, default_qid: str) -> Question:
+def _source(row: dict[str, Any], where: str, default: str) -> str:
+    value = row.get("data_source")
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, "data_source", f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def question_from_row(row: dict[str, Any], where: str, default_qid: str, default_source: str = "") -> Question:
     """One ``Question`` from a Search-R1 row (see the module docstring for fields and fallbacks)."""
     text = require_str(row, "question", where)
-    key = next((k for k in ANSWER_KEYS if k in row), ANSWER_KEYS[0])
-    answers = require_answers(row, key, where)
-    qid = row.get("id", default_qid)
+    # Per cell: the first answer key holding a value (parquet has every column in every row, nulls included).
+    key = next((k for k in ANSWER_KEYS if row.get(k) is not None), next((k for k in ANSWER_KEYS if k in row), None))
+    answers = require_answers(row, key or ANSWER_KEYS[0], where)
+    qid = row.get("id")
+    qid = default_qid if qid is None else qid
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise _fail(where, "id", f"expected a string or an integer, got {type(qid).__name__}")
-    return Question(text, answers, str(qid))
+    return Question(text, answers, str(qid), _source(row, where, default_source))
+
+
+def mem1_questions(prompt: Any, where: str) -> list[str]:
+    """The questions of a MEM1 prompt: the text after the last ``MEM1_LEAD``, split on ``"?; "`` (each keeps its
+    ``?``)."""
+    if isinstance(prompt, (list, tuple)):
+        texts = [m.get("content") for m in prompt if isinstance(m, dict)]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise _fail(where, "prompt", "expected a chat list of {role, content} messages with string contents")
+        text = "\n".join(texts)
+    elif isinstance(prompt, str):
+        text = prompt
+    else:
+        raise _fail(where, "prompt", f"expected a chat list or a string, got {type(prompt).__name__}")
+    head, lead, tail = text.rpartition(MEM1_LEAD)
+    if not lead:
+        raise _fail(where, "prompt", f"no {MEM1_LEAD.strip()!r} in the text (not a MEM1 multi-objective prompt)")
+    parts = tail.strip().split("?; ")
+    questions = [p + "?" for p in parts[:-1]] + [parts[-1]]
+    if any(not q.strip() or q.strip() == "?" for q in questions):
+        raise _fail(where, "prompt", f"an empty question in {tail.strip()[:120]!r}")
+    return questions
+
+
+def task_from_row(row: dict[str, Any], where: str, default_id: str, default_source: str = "") -> Task:
+    """One pre-composed ``Task`` from a MEM1 row or a mempo ``objectives`` row (module docstring)."""
+    source = _source(row, where, default_source)
+    if "objectives" in row:
+        objs = row["objectives"]
+        if not isinstance(objs, (list, tuple)) or not objs:
+            raise _fail(where, "objectives", "expected a non-empty list of {question, answers} objects")
+        task_id = row.get("task_id")
+        task_id = default_id if task_id is None else str(task_id)
+        questions = []
+        for i, obj in enumerate(objs):
+            at = f"{where}, objective {i}"
+            if not isinstance(obj, dict):
+                raise _fail(at, None, f"expected an object, got {type(obj).__name__}")
+            qid = obj.get("qid") or f"{task_id}-{i}"
+            text, answers = require_str(obj, "question", at), require_answers(obj, "answers", at)
+            questions.append(Question(text, answers, str(qid), source))
+        return Task(task_id, tuple(questions))
+    if "prompt" not in row:
+        raise _fail(where, "prompt", "missing (a MEM1 row holds prompt and reward_model.ground_truth.target)")
+    texts = mem1_questions(row["prompt"], where)
+    target = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    target = target.get("target") if isinstance(target, dict) else None
+    key = "reward_model.ground_truth.target"
+    if not isinstance(target, (list, tuple)) or not all(isinstance(t, (list, tuple)) for t in target):
+        raise _fail(where, key, f"expected one alias list per question, got {str(target)[:80]}")
+    if len(target) != len(texts):
+        raise _fail(where, key, f"{len(target)} alias lists for {len(texts)} questions in the prompt ({texts})")
+    questions = [
+        Question(text.strip(), require_answers({key: list(aliases)}, key, where), f"{default_id}-{i}", source)
+        for i, (text, aliases) in enumerate(zip(texts, target))
+    ]
+    return Task(default_id, tuple(questions))
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -106,29 +185,58 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
     try:
         parquet = pq.ParquetFile(path)
-        # Only the fields we read: Search-R1 files also carry prompts and metadata we would decode for nothing.
-        columns = [c for c in ("id", "question", *ANSWER_KEYS) if c in parquet.schema_arrow.names]
-        table = parquet.read(columns=columns)
+        names = parquet.schema_arrow.names
+        # Only the fields we read: Search-R1 files also carry prompts and metadata we would decode for nothing
+        # (MEM1's files hold no question column: their tasks are in prompt and reward_model).
+        wanted = ("id", "question", "data_source", *ANSWER_KEYS)
+        if "question" not in names:
+            wanted += ("prompt", "reward_model", "objectives", "task_id")
+        table = parquet.read(columns=[c for c in wanted if c in names])
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: unreadable parquet file: {e}") from e
     for i, row in enumerate(table.to_pylist(), start=1):
         yield f"{path}, row {i}", row
 
 
-def load_qa_file(path: str | Path) -> list[Question]:
-    """All questions of a ``.jsonl``, ``.json`` or ``.parquet`` QA file, in file order."""
-    path = Path(path)
+def _rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        rows = iter_json_rows(path)
-    elif suffix == ".parquet":
-        rows = _parquet_rows(path)
-    else:
-        raise ValueError(f"{path}: unsupported QA file type {suffix!r} (expected .jsonl, .json or .parquet)")
-    questions = [question_from_row(row, where, f"{path.stem}-{n}") for n, (where, row) in enumerate(rows, start=1)]
-    if not questions:
+        return iter_json_rows(path)
+    if suffix == ".parquet":
+        return _parquet_rows(path)
+    raise ValueError(f"{path}: unsupported QA file type {suffix!r} (expected .jsonl, .json or .parquet)")
+
+
+def is_task_row(row: dict[str, Any]) -> bool:
+    return "question" not in row and any(k in row for k in TASK_KEYS)
+
+
+def load_qa_items(path: str | Path) -> list[Question] | list[Task]:
+    """A file's questions (a question file) or its pre-composed tasks (a task file), in file order; the first row
+    decides which (module docstring)."""
+    path = Path(path)
+    items: list[Any] = []
+    tasks: bool | None = None
+    for n, (where, row) in enumerate(_rows(path), start=1):
+        if tasks is None:
+            tasks = is_task_row(row)
+        elif tasks != is_task_row(row):
+            kind = "a pre-composed task" if tasks else "a question"
+            raise _fail(where, "question", f"row 1 is {kind} but this row is not (one kind per file)")
+        make = task_from_row if tasks else question_from_row
+        items.append(make(row, where, f"{path.stem}-{n}", path.stem))
+    if not items:
         raise ValueError(f"{path}: no questions (the dataset is empty)")
-    return questions
+    return items
+
+
+def load_qa_file(path: str | Path) -> list[Question]:
+    """All questions of a ``.jsonl``, ``.json`` or ``.parquet`` QA file, in file order (a task file's are refused:
+    its tasks are taken as they are, ``load_qa_items``)."""
+    items = load_qa_items(path)
+    if isinstance(items[0], Task):
+        raise ValueError(f"{path}: holds pre-composed tasks (MEM1 or mempo rows), not questions")
+    return items  # type: ignore[return-value]
 
 
 def load_qa_tasks(

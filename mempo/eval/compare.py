@@ -20,6 +20,7 @@ from mempo.core.tasks import Task
 from mempo.data.synthetic import SPLITS, SyntheticQuestion
 from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.failures import failure_tally
+from mempo.eval.mem1 import mem1_scores
 from mempo.eval.stats import bootstrap_ci
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.rollout.agent import CONTEXT_MODES, AgentConfig, Env, RolloutBatch, Trajectory
@@ -36,7 +37,9 @@ ENGINE_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 class EvalConfig:
     """Config group ``eval``: the final evaluation, ``experiments/eval.py`` and in-training validation.
 
-    num_tasks: tasks per N (tables carry 95% bootstrap intervals over them); objectives: the N's; agents: memory
+    num_tasks: tasks per N (tables carry 95% bootstrap intervals over them); null = the whole split, each question
+    once (a pre-composed task file: every task with N objectives), per N; more than the split holds is an error;
+    objectives: the N's; agents: memory
     (MemPO) and/or full_history (ReAct baseline), each on the same tasks; checkpoints: label -> HF folder (null =
     model.name_or_path); every_n_steps: in-training validation on data.num_val_tasks tasks every k RL steps (0 =
     off); turn_slack: tasks of N objectives get 2N + 1 + turn_slack turns (the oracle needs 2N + 1: two hops per
@@ -45,10 +48,12 @@ class EvalConfig:
     the W&B table; split: val (the held-out world) | train (the training world: RL's task distribution) | test;
     engine_dtype: the evaluation engine's dtype (vLLM): null = sampler.dtype; auto = bfloat16 where
     trainer.precision=auto trains in bf16 (a GPU, a CPU with native bf16), else float32 (greedy evaluation needs no
-    exact log-probs; in-training validation keeps the RL engine's dtype).
+    exact log-probs; in-training validation keeps the RL engine's dtype); mem1_scores: also score every task by
+    MEM1's rules (``mempo.eval.mem1``: sum over objectives, its normalisation, 0 when the answer count is wrong),
+    reported beside mempo's (mean over objectives).
     """
 
-    num_tasks: int = 16
+    num_tasks: int | None = 16
     objectives: list[int] = field(default_factory=lambda: [1, 2, 4, 6, 8, 10])
     agents: list[str] = field(default_factory=lambda: list(CONTEXT_MODES))
     greedy: bool = True
@@ -60,13 +65,14 @@ class EvalConfig:
     max_trajectories: int = 8
     split: str = "val"
     engine_dtype: str | None = None
+    mem1_scores: bool = False
 
     def __post_init__(self) -> None:
         require(
             "eval",
             self,
             [
-                ("num_tasks", self.num_tasks >= 1, "must be >= 1"),
+                ("num_tasks", self.num_tasks is None or self.num_tasks >= 1, "must be null (the whole split) or >= 1"),
                 ("checkpoints", self.checkpoints is None or isinstance(self.checkpoints, Mapping), "must be a mapping"),
                 ("objectives", len(self.objectives) > 0 and min(self.objectives) >= 1, "must be >= 1 each"),
                 (
@@ -83,6 +89,20 @@ class EvalConfig:
         )
 
 
+def source_rows(records: Sequence[dict[str, Any]], keys: dict[str, Any], metrics: Sequence[str]) -> list[dict]:
+    """One row per data_source of ``records`` (means over its tasks), or none when they share one source (a
+    single-source evaluation, such as the main job's, reports exactly what it reported before)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(r["data_source"], []).append(r)
+    if len(by) < 2:
+        return []
+    return [
+        {**keys, "source": src, "tasks": len(rs), **{m: sum(r[m] for r in rs) / len(rs) for m in metrics}}
+        for src, rs in by.items()
+    ]
+
+
 @dataclass
 class GridResult:
     """rows: one per agent x N (checkpoint, agent, objectives, tasks, METRICS); records: one per rollout
@@ -92,6 +112,9 @@ class GridResult:
     records: list[dict[str, Any]]
     p_ans: list[dict[str, Any]]
     failures: list[dict[str, Any]] = field(default_factory=list)  # checkpoint, agent, objectives, VERDICTS counts
+    # checkpoint, agent, objectives, source, tasks, em, f1 (and em_mem1, f1_mem1): only where tasks of more than one
+    # data_source were scored together
+    source_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
@@ -100,8 +123,10 @@ def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
     return {
         **keys,
         "task_id": traj.task.task_id,
+        "data_source": traj.task.source,
         "question": traj.task.question,
         "gold": traj.task.gold,
+        "gold_answers": [list(a) for a in traj.task.gold_answers],
         "answer": traj.answer,
         "em": traj.em,
         "f1": traj.f1,
@@ -200,7 +225,14 @@ def evaluate_grid(
             records = [trajectory_record(t, **keys) for t in batch.trajectories]
             for m in ("em", "f1"):
                 _, row[f"{m}_lo"], row[f"{m}_hi"] = bootstrap_ci([r[m] for r in records])
+            metrics_of = ("em", "f1")
+            if evaluation.mem1_scores:
+                for r in records:
+                    r["em_mem1"], r["f1_mem1"] = mem1_scores(r["answer"], r["gold_answers"])
+                metrics_of += ("em_mem1", "f1_mem1")
+                row.update({m: sum(r[m] for r in records) / max(len(records), 1) for m in metrics_of[2:]})
             out.rows.append(row)
+            out.source_rows += source_rows(records, keys, metrics_of)
             if chains is not None:
                 out.failures.append({**keys, **failure_tally(batch.trajectories, chains)})
             if policy is not None:

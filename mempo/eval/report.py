@@ -278,6 +278,29 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
+MEAN_AGGREGATION = "EM/F1: per task the mean over its objectives (SQuAD normalisation), then the mean over tasks"
+MEM1_AGGREGATION = (
+    "MEM1's aggregation (em_mem1, f1_mem1): per task the sum over its objectives, MEM1's normalisation (punctuation to "
+    "spaces, articles kept), set F1, 0 when the answer's part count is not N; then the mean over tasks"
+)
+
+
+def real_data_tables(rows: list[dict[str, Any]], source_rows: list[dict[str, Any]]) -> str:
+    """What intervals.md adds for real-data evaluations, "" otherwise (a single-source run without
+    eval.mem1_scores, such as the main job, prints exactly what it printed before): MEM1's aggregation beside
+    mempo's, and one row per data_source when tasks of several sources were scored."""
+    out = []
+    mem1 = bool(rows) and "em_mem1" in rows[0]
+    if mem1:
+        cols = ["checkpoint", "agent", "objectives", "tasks", "em", "f1", "em_mem1", "f1_mem1"]
+        out += ["", f"{MEAN_AGGREGATION}; {MEM1_AGGREGATION}.", "", markdown_table(rows, cols)]
+    if source_rows:
+        cols = ["checkpoint", "agent", "objectives", "source", "tasks", "em", "f1"]
+        cols += ["em_mem1", "f1_mem1"] if mem1 else []
+        out += ["", f"Per data_source ({MEAN_AGGREGATION}):", "", markdown_table(source_rows, cols)]
+    return "".join(line + "\n" for line in out)
+
+
 def write_report(out: Path, result: Any, *, num_tasks: int, memories_scored: bool = True) -> dict[str, Path]:
     """``result`` (a ``GridResult``) -> files in ``out``; returns name -> path. Without ``memories_scored``
     (``eval.score_memories=false``) there is no P(ans | q, m) to show: memory_p_ans.csv and p_ans_by_turn.png are
@@ -292,7 +315,11 @@ def write_report(out: Path, result: Any, *, num_tasks: int, memories_scored: boo
     atomic_write_text(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
     write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
     files["intervals"] = out / "intervals.md"
-    atomic_write_text(files["intervals"], interval_table(result.rows, result.records) + "\n")
+    extra = real_data_tables(result.rows, getattr(result, "source_rows", []))
+    atomic_write_text(files["intervals"], interval_table(result.rows, result.records) + "\n" + extra)
+    if getattr(result, "source_rows", []):
+        files["table_by_source"] = out / "table_by_source.csv"
+        write_csv(files["table_by_source"], result.source_rows, list(result.source_rows[0]))
     if result.failures:
         from mempo.eval.failures import VERDICTS
 

@@ -239,6 +239,15 @@ def _cache_key(path: Path, *, k1: float, b: float) -> str:
 # http
 
 
+SERVER_HINT = (
+    " Is the server running? For a Wikipedia index, Search-R1's, in its own environment (faiss, e5): python "
+    "search_r1/search/retrieval_server.py --index_path e5_Flat.index --corpus_path wiki-18.jsonl --topk 3 "
+    "--retriever_name e5 --retriever_model intfloat/e5-base-v2 (it listens on port 8000 after loading the index, "
+    "minutes; MEM1's copy on 8013). For a small corpus, mempo's BM25 server: "
+    "python -m mempo.rollout.retrieval_server --corpus CORPUS.jsonl"
+)
+
+
 class _BadResponse(ValueError):
     """The server answered 2xx with a body that is not the Search-R1 response shape (retried)."""
 
@@ -263,6 +272,9 @@ class HTTPRetriever:
     timeout_s: per socket operation (connect, each read). Attempts: 1 + max_retries; before retry r (1-based) it
     sleeps ``min(backoff_s * 2**(r-1), backoff_max_s)``. Retried: connection errors, timeouts, HTTP 5xx/408/429,
     bodies that are not JSON or not the expected shape. Not retried: other 4xx and 3xx.
+    max_queries_per_post: a turn's queries go in POSTs of at most this many, one after the other, so one timeout
+    covers one chunk and a retry resends one chunk (a batch of 2048 queries in one POST outlives any sane timeout
+    on a flat e5 index, and a retry would resend all of it while the server still computes the abandoned one).
     """
 
     def __init__(
@@ -274,6 +286,7 @@ class HTTPRetriever:
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
         return_scores: bool = True,
+        max_queries_per_post: int = 64,
     ):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -282,6 +295,12 @@ class HTTPRetriever:
             raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if (
+            isinstance(max_queries_per_post, bool)
+            or not isinstance(max_queries_per_post, int)
+            or max_queries_per_post < 1
+        ):
+            raise ValueError(f"max_queries_per_post must be an int >= 1, got {max_queries_per_post!r}")
         if backoff_s < 0 or backoff_max_s < 0:
             raise ValueError(f"backoff_s and backoff_max_s must be >= 0, got {backoff_s!r}, {backoff_max_s!r}")
         self.url = url
@@ -290,6 +309,7 @@ class HTTPRetriever:
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.return_scores = return_scores
+        self.max_queries_per_post = max_queries_per_post
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
     def backoff_delay(self, retry: int) -> float:
@@ -297,17 +317,58 @@ class HTTPRetriever:
         return min(self.backoff_s * 2 ** (retry - 1), self.backoff_max_s)
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
-        """queries: [Q] -> [Q][<= topk] passages; one POST for all non-blank queries (blank ones get [])."""
+        """queries: [Q] -> [Q][<= topk] passages; the non-blank queries in POSTs of at most max_queries_per_post,
+        each retried on its own (blank queries get [])."""
         _check_topk(topk)
         out: list[list[Passage]] = [[] for _ in queries]
         live = [i for i, q in enumerate(queries) if q.strip()]
-        if not live:
-            return out
-        body = json.dumps({"queries": [queries[i] for i in live], "topk": topk, "return_scores": self.return_scores})
-        results = self._with_retries(lambda: _parse_response(self._post(body.encode()), len(live), topk))
-        for i, hits in zip(live, results):
-            out[i] = hits
+        for start in range(0, len(live), self.max_queries_per_post):
+            chunk = live[start : start + self.max_queries_per_post]
+            body = json.dumps(
+                {"queries": [queries[i] for i in chunk], "topk": topk, "return_scores": self.return_scores}
+            )
+            results = self._with_retries(lambda b=body.encode(), n=len(chunk): _parse_response(self._post(b), n, topk))
+            for i, hits in zip(chunk, results):
+                out[i] = hits
         return out
+
+    def wait_ready(self, wait_s: float, say: Callable[[str], None] = print, poll_s: float = 2.0) -> float:
+        """Block until the server answers a one-query POST, at most ``wait_s`` seconds -> seconds waited. A
+        Search-R1 server loads its index and corpus for minutes before it listens. Any HTTP answer counts as up
+        (a wrong one is reported by the first real call); connection errors and timeouts mean "not yet". Says one
+        line when it has to wait, and one when the server answers; a ``RetrieverError`` with the server hint when
+        ``wait_s`` passes."""
+        start = time.monotonic()
+        body = json.dumps({"queries": ["ready"], "topk": 1, "return_scores": self.return_scores}).encode()
+        announced = False
+        while True:
+            try:
+                self._post(body)
+                break
+            except urllib.error.HTTPError as e:
+                e.close()
+                break
+            except (OSError, http.client.HTTPException, _BadResponse) as e:
+                waited = time.monotonic() - start
+                if waited >= wait_s:
+                    raise RetrieverError(
+                        f"retrieval server {self.url} did not answer within env.wait_s={wait_s:g} s "
+                        f"(last error: {type(e).__name__}: {e}).{SERVER_HINT}",
+                        url=self.url,
+                        attempts=0,
+                        last_error=e,
+                    ) from e
+                if not announced:
+                    say(
+                        f"[mempo] waiting up to {wait_s:g} s for the retrieval server at {self.url} "
+                        f"({type(e).__name__}: {e})"
+                    )
+                    announced = True
+                time.sleep(max(0.0, min(poll_s, wait_s - waited)))
+        waited = time.monotonic() - start
+        if announced:
+            say(f"[mempo] the retrieval server at {self.url} answers (after {waited:.0f} s)")
+        return waited
 
     def _post(self, data: bytes) -> Any:
         req = urllib.request.Request(self.url, data=data, method="POST", headers={"Content-Type": "application/json"})
@@ -355,10 +416,9 @@ class HTTPRetriever:
         unreachable = isinstance(last, (urllib.error.URLError, ConnectionError)) and not isinstance(
             last, urllib.error.HTTPError
         )
-        hint = " Is the server running? (python -m mempo.rollout.retrieval_server --corpus CORPUS.jsonl)"
         raise RetrieverError(
             f"retrieval server {self.url} failed after {attempts} attempt(s); last error: {last_desc}."
-            + (hint if unreachable else ""),
+            + (SERVER_HINT if unreachable else ""),
             url=self.url,
             attempts=attempts,
             last_error=last,

@@ -6,6 +6,7 @@ A config group's node is its own dataclass (``mempo.stages.config``): ``group(cf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,16 +14,18 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.base import temp_sibling
+from mempo.core.console import say
 from mempo.core.format import Tags
-from mempo.core.tasks import Task
-from mempo.data.compose import compose_tasks
-from mempo.data.qa_files import load_qa_file
+from mempo.core.tasks import Question, Task
+from mempo.data.compose import compose_tasks, task_capacity
+from mempo.data.qa_files import load_qa_items
 from mempo.data.synthetic import SPLITS, SyntheticQuestion, SyntheticWorld, split_questions
 from mempo.lm.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
 from mempo.models.module import MemPOModule, OptimConfig
 from mempo.rollout.env import EnvConfig, SearchEnv
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import make_retriever
+from mempo.rollout.rewards import normalize_answer
 from mempo.rollout.sampler import Sampler, SamplerConfig
 
 
@@ -75,12 +78,17 @@ def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
         kwargs: dict[str, Any] = {"path": corpus_path(cfg), "cache_dir": cache_root(cache_dir(cfg)) / "bm25"}
     else:
         kwargs = {"url": e.url, "timeout_s": e.timeout_s, "max_retries": e.max_retries, "backoff_s": e.backoff_s}
+        kwargs["max_queries_per_post"] = e.max_queries_per_post
     retriever = make_retriever(e.retriever, **kwargs)
+    if e.wait_s > 0 and hasattr(retriever, "wait_ready"):  # a Search-R1 server loads its index for minutes
+        retriever.wait_ready(e.wait_s, say=say)
     return SearchEnv(
         retriever,
         tokenizer,
         topk=e.topk,
         max_passage_tokens=e.max_passage_tokens,
+        max_obs_tokens=e.max_obs_tokens,
+        render=e.render,
         information_tag=cfg.tags.information,
     )
 
@@ -89,16 +97,63 @@ def build_tasks(
     cfg: DictConfig, split: str, *, num_tasks: int | None = None, objectives: int | None = None
 ) -> list[Task]:
     """Tasks of ``split`` ("train", "val", "test") with ``data.objectives`` (or ``objectives``) questions each.
-    Synthetic "val"/"test" tasks ask about the held-out world only (``split_questions``)."""
+    Synthetic "val"/"test" tasks ask about the held-out world only (``split_questions``). qa_files: train_files,
+    val_files or test_files; the tasks of pre-composed files with that many objectives come first, as they are,
+    then the questions of question files composed by ``data.compose``.
+
+    num_tasks: None = each question of the split once. For "val" and "test", more tasks than the split holds is
+    an error naming the numbers; "train" reuses questions across epochs (``compose_tasks``).
+    """
     n_obj = objectives or cfg.data.objectives
+    prefix, mode = f"{split}-n{n_obj}", cfg.data.compose
+    given: list[Task] = []
     if cfg.data.source == "synthetic":
         questions = [q.question for q in split_questions(synthetic_world(cfg), split, seed=cfg.seed)]
+        where = f"the synthetic world's {split} split"
     else:
-        files = cfg.data.train_files if split == "train" else cfg.data.val_files
+        key = {"train": "train_files", "val": "val_files", "test": "test_files"}[split]
+        files = cfg.data[key]
         if not files:
-            raise ValueError(f"data.{'train' if split == 'train' else 'val'}_files is empty")
-        questions = [q for f in files for q in load_qa_file(f)]
-    return compose_tasks(questions, n_obj, num_tasks=num_tasks, seed=cfg.seed, prefix=f"{split}-n{n_obj}")
+            raise ValueError(f"data.{key} is empty (eval.split={split} reads it)")
+        questions = []
+        for f in files:
+            items = load_qa_items(f)
+            if isinstance(items[0], Task):
+                given += [t for t in items if len(t.objectives) == n_obj]
+            else:
+                questions += items
+        if split == "test":
+            check_disjoint(cfg, files, questions + [q for t in given for q in t.objectives])
+        where = f"data.{key} ({len(files)} file(s))"
+    holds = len(given) + (task_capacity(questions, n_obj, mode) if len(questions) >= n_obj else 0)
+    if holds == 0:
+        raise ValueError(f"{where}: no task of {n_obj} objectives ({len(questions)} questions, {len(given)} tasks)")
+    if split != "train" and num_tasks is not None and num_tasks > holds:
+        raise ValueError(
+            f"{num_tasks} tasks of {n_obj} objectives asked of {where}, which holds {holds} "
+            f"({len(questions)} questions, {len(given)} pre-composed tasks); lower eval.num_tasks / "
+            "data.num_val_tasks, or set eval.num_tasks=null to use each question once"
+        )
+    if len(given) >= (num_tasks or holds) or len(questions) < n_obj:
+        return given[:num_tasks]
+    rest = None if num_tasks is None else num_tasks - len(given)
+    return given + compose_tasks(questions, n_obj, num_tasks=rest, seed=cfg.seed, prefix=prefix, mode=mode)
+
+
+def check_disjoint(cfg: DictConfig, test_files: Sequence[str], test: Sequence[Question]) -> None:
+    """A test question whose normalised text is also in data.train_files or data.val_files is an error."""
+    seen: dict[str, str] = {}
+    for key in ("train_files", "val_files"):
+        for f in cfg.data[key]:
+            items = load_qa_items(f)
+            for q in (q for t in items for q in t.objectives) if isinstance(items[0], Task) else items:
+                seen.setdefault(normalize_answer(q.question), f"data.{key} file {f}")
+    for q in test:
+        if normalize_answer(q.question) in seen:
+            raise ValueError(
+                f"data.test_files ({', '.join(map(str, test_files))}): question {q.qid!r} ({q.question!r}) is also in "
+                f"{seen[normalize_answer(q.question)]}: a test split must not overlap training or validation"
+            )
 
 
 def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:

@@ -253,7 +253,15 @@ def check_paths(cfg: DictConfig) -> None:
     """Inputs that must exist, each error naming the key (called by ``run_stage`` and ``fit_rl`` before any model
     loads; not by ``validate_config``, so configs for another machine still compose here):
     model.name_or_path (an embedded name, a model folder, or an owner/name hub id), env.corpus, the data files
-    of data.source=qa_files, sft.trajectories, and the headline's warm-start folders when set."""
+    of data.source=qa_files, sft.trajectories, and the headline's warm-start folders when set. Real data searched
+    in the synthetic world's corpus (data.source=qa_files, env=bm25, env.corpus=null) is refused too: every reward
+    would be about 0 and nothing would say why."""
+    if cfg.data.source != "synthetic" and cfg.env.retriever == "bm25" and not cfg.env.corpus:
+        raise ValueError(
+            f"config keys data.source={cfg.data.source} with env.retriever=bm25 and env.corpus=null: the questions "
+            "would be searched in the synthetic world's corpus. Use env=http env.url=... (a Search-R1 retrieval "
+            "server, README 'Real data') or env.corpus=CORPUS.jsonl (a BM25 corpus of your own)"
+        )
     try:
         check_model_path(cfg.model.name_or_path)
     except (FileNotFoundError, ValueError) as e:
@@ -293,6 +301,17 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     OmegaConf.to_object(cfg)  # each group's __post_init__: ValueError naming "config key group.key=value"
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def require_eval_task_count(cfg: DictConfig, stage: str) -> int:
+    """``eval.num_tasks`` for a stage that compares checkpoints on a fixed number of held-out tasks (demo, headline):
+    null (each question of the split once) is for ``stage=eval``, an error here naming the key."""
+    if cfg.eval.num_tasks is None:
+        raise ValueError(
+            f"eval.num_tasks=null (each question of the split once) is for stage=eval; stage={stage} needs a number "
+            "of held-out tasks per N (e.g. eval.num_tasks=64)"
+        )
+    return int(cfg.eval.num_tasks)
 
 
 def cpu_has_bf16() -> bool:

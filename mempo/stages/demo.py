@@ -28,7 +28,7 @@ from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
-from mempo.stages.config import DEMO_OWN_KEYS, cpu_has_bf16, exp_delta
+from mempo.stages.config import DEMO_OWN_KEYS, cpu_has_bf16, exp_delta, require_eval_task_count
 from mempo.stages.rundir import run_record
 
 # Seconds per unit of work of each phase on a 2-core CPU, from the main job's phases measured on each kind of machine
@@ -125,6 +125,7 @@ def demo_steps(cfg: DictConfig) -> list[Step]:
 def demo(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     out = run_path(cfg)
+    require_eval_task_count(cfg, "demo")
     say_expected_time(cfg)
     done = run_steps(cfg, demo_steps(cfg))
     phases = {f"{label}_s": d["seconds"] for label, d in done.items()}

@@ -124,10 +124,15 @@ def run_eval(
         total.records += res.records
         total.p_ans += res.p_ans
         total.failures += res.failures
+        total.source_rows += res.source_rows
         del policy
     bar.close()
     scored = any(ev.score_memories for ev in (evaluation, *per_label.values()))
-    files = write_report(out, total, num_tasks=cfg.eval.num_tasks, memories_scored=scored)
+    num_tasks = max(len(tasks) for tasks in tasks_by_n.values())  # eval.num_tasks, or the split's size when null
+    files = write_report(out, total, num_tasks=num_tasks, memories_scored=scored)
     if cfg.logger.kind == "wandb":
         log_to_wandb(cfg, total, files)
-    return {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}
+    result = {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}
+    if total.source_rows:  # tasks of several data_sources (a single-source run's summary is as before)
+        result["source_rows"] = total.source_rows
+    return result

@@ -33,7 +33,7 @@ from mempo.eval.headline import write_headline
 from mempo.eval.report import read_records
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
-from mempo.stages.config import exp_delta
+from mempo.stages.config import exp_delta, require_eval_task_count
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import run_record
 
@@ -86,6 +86,7 @@ def headline(cfg: DictConfig) -> dict[str, Any]:
     """Warm starts and RL arms (each trained unless its policy exists), then the evaluation, table and figures."""
     start = time.perf_counter()
     out = run_path(cfg)
+    require_eval_task_count(cfg, "headline")
     done = run_steps(cfg, headline_steps(cfg))
     folders = {a: policy_folder(cfg, a) for a in ARMS}
     status = {a: done[a]["status"] if a in done else "given" for a in ARMS}

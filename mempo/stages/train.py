@@ -253,6 +253,15 @@ def sft_data(cfg: DictConfig, tokenizer: Any) -> tuple[list, list[SFTExample], l
     agent's prompt builder and environment, the training rows, the loader whose batches are the optimizer steps in
     order). tests/models/test_sft_pin.py pins these batches on a small config."""
     s = cfg.sft
+    if not s.trajectories and cfg.data.source != "synthetic":
+        raise ValueError(
+            f"config key sft.trajectories=null with data.source={cfg.data.source}: the warm start would train on the "
+            "synthetic oracle's trajectories and replay its fictional queries against your retriever. mempo has no "
+            "teacher for real data: give sft.trajectories=TEACHER.jsonl, one task a line, "
+            '{"task_id", "objectives": [{"question", "answers", "qid"}], "turns": ["<mem>...</mem><think>...</think>'
+            '<search>...</search>", ..., "...<answer>a1; a2</answer>"]} (mempo.data.oracle), e.g. distilled from a '
+            "larger model as MEM1 does; or start RL from a checkpoint of your own (stage=rl model.name_or_path=...)"
+        )
     if s.trajectories:
         trajectories = load_trajectories_jsonl(s.trajectories)
     else:  # one task set per entry of sft.objectives (e.g. [1, 2]: single- and two-question tasks mixed)

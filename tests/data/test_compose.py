@@ -77,3 +77,23 @@ def test_an_empty_answer_is_rejected_naming_the_question() -> None:
         Question("Who?", ("",), "q-empty")
     with pytest.raises(ValueError, match="'q-none'"):
         Question("Who?", (), "q-none")
+
+
+# ---- issue 38: MEM1's composition, the capacity of a split, a test split of its own ---------------------------
+
+
+def test_by_source_groups_consecutive_questions_of_one_source():
+    from mempo.data.compose import task_capacity
+
+    qs = [Question(f"q{i}?", ("a",), f"id{i}", src) for i, src in enumerate("nnhnhhnh")]
+    tasks = compose_tasks(qs, 2, mode="by_source", prefix="t")
+    # nq: id0 id1 id3 id6 -> (0,1), (3,6); hotpotqa: id2 id4 id5 id7 -> (2,4), (5,7); no remainder here
+    assert [[q.qid for q in t.objectives] for t in tasks] == [
+        ["id0", "id1"], ["id3", "id6"], ["id2", "id4"], ["id5", "id7"]
+    ]  # fmt: skip
+    assert [t.source for t in tasks] == ["n", "n", "h", "h"] and task_capacity(qs, 3, "by_source") == 2
+    assert [[q.qid for q in t.objectives] for t in compose_tasks(qs, 3, mode="by_source")] == [
+        ["id0", "id1", "id3"], ["id2", "id4", "id5"]
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"5 tasks asked, but 8 questions compose 4 tasks"):
+        compose_tasks(qs, 2, mode="by_source", num_tasks=5)

@@ -11,7 +11,7 @@ import pytest
 
 from mempo.core.tasks import Question
 from mempo.data.compose import compose_tasks
-from mempo.data.qa_files import load_qa_file, load_qa_tasks
+from mempo.data.qa_files import load_qa_file, load_qa_items, load_qa_tasks
 
 ROWS = [
     {"id": "nq-1", "question": "who wrote the velvet almanac?", "golden_answers": ["Ida Moss", "I. Moss"]},
@@ -33,12 +33,13 @@ def write_parquet(path: Path, rows: list[dict], schema: pa.Schema | None = None)
 
 
 def expected(stem: str) -> list[Question]:
+    """A row's data_source, else the file stem."""
     return [
-        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "nq-1"),
-        Question("when did the lighthouse open?", ("1911",), "2"),
-        Question("what river runs through ardent?", ("Tesk",), f"{stem}-3"),
-        Question("which bird nests on the tower?", ("kestrel",), f"{stem}-4"),
-        Question("what colour is the door?", ("blue",), f"{stem}-5"),
+        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "nq-1", stem),
+        Question("when did the lighthouse open?", ("1911",), "2", stem),
+        Question("what river runs through ardent?", ("Tesk",), f"{stem}-3", "nq"),
+        Question("which bird nests on the tower?", ("kestrel",), f"{stem}-4", stem),
+        Question("what colour is the door?", ("blue",), f"{stem}-5", stem),
     ]
 
 
@@ -64,8 +65,8 @@ def test_parquet_like_search_r1(tmp_path: Path) -> None:
     ]  # fmt: skip
     path = write_parquet(tmp_path / "train.parquet", rows)
     assert load_qa_file(path) == [
-        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "train_0"),
-        Question("when did the lighthouse open?", ("1911",), "train_1"),
+        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "train_0", "nq"),
+        Question("when did the lighthouse open?", ("1911",), "train_1", "hotpotqa"),
     ]
 
 
@@ -162,3 +163,78 @@ def test_loaded_questions_go_through_the_composer(tmp_path: Path) -> None:
     assert len(tasks) == 2 and tasks[0].task_id == "hotpot-0"
     assert tasks[0].gold == "; ".join(q.answers[0] for q in tasks[0].objectives)
     assert len(load_qa_tasks(path, 2, num_tasks=7, seed=3, prefix="mix")) == 7
+
+
+# ---- real-data formats (issue 38): data_source, null cells, MEM1's pre-composed tasks --------------------------
+
+
+def mem1_row(questions: list[str], target: list[list[str]], source: str = "hotpotqa") -> dict:
+    """A row in MEM1's multi-objective layout (qa_search_*_merge_multi.py): a chat prompt whose text ends with the
+    questions joined by "; ", one alias list per question under reward_model.ground_truth.target."""
+    text = "You are a search agent ... Answer the following questions: " + "; ".join(questions)
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": text}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+        "extra_info": {"split": "test", "index": 0},
+    }
+
+
+def test_mem1_parquet_rows_load_as_pre_composed_tasks(tmp_path: Path) -> None:
+    rows = [
+        mem1_row(
+            ["who wrote the velvet almanac?", "when did the lighthouse open?"], [["Ida Moss", "I. Moss"], ["1911"]]
+        ),
+        # a "?" inside a question
+        mem1_row(["who sang 'why?' first?", "what colour: the door?"], [["Annie Lennox"], ["blue"]], source="nq"),
+    ]
+    path = write_parquet(tmp_path / "test_mem1.parquet", rows)
+    tasks = load_qa_items(path)
+    assert [t.task_id for t in tasks] == ["test_mem1-1", "test_mem1-2"]
+    assert tasks[0].objectives == (
+        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "test_mem1-1-0", "hotpotqa"),
+        Question("when did the lighthouse open?", ("1911",), "test_mem1-1-1", "hotpotqa"),
+    )
+    assert [(q.question, q.answers, q.source) for q in tasks[1].objectives] == [
+        ("who sang 'why?' first?", ("Annie Lennox",), "nq"),
+        ("what colour: the door?", ("blue",), "nq"),
+    ]
+    assert tasks[1].source == "nq" and tasks[0].question.startswith("(1) who wrote the velvet almanac?\n(2) when")
+    with pytest.raises(ValueError, match=r"holds pre-composed tasks"):
+        load_qa_file(path)
+
+
+def test_mem1_count_mismatch_names_file_row_and_key(tmp_path: Path) -> None:
+    rows = [
+        mem1_row(["a one?", "a two?"], [["x"], ["y"]]),
+        mem1_row(["b one?", "b two?", "b three?"], [["x"], ["y"]]),
+    ]
+    path = write_parquet(tmp_path / "multi.parquet", rows)
+    with pytest.raises(ValueError) as err:
+        load_qa_items(path)
+    msg = str(err.value)
+    assert str(path) in msg and "row 2" in msg and "key 'reward_model.ground_truth.target'" in msg
+    assert "2 alias lists for 3 questions" in msg
+
+
+def test_mempo_task_rows_and_mixed_kinds(tmp_path: Path) -> None:
+    row = {"task_id": "t7", "data_source": "nq", "objectives": [{"question": "who?", "answers": ["Ann"], "qid": "q1"}]}
+    tasks = load_qa_items(write_jsonl(tmp_path / "tasks.jsonl", [row]))
+    assert tasks[0].task_id == "t7" and tasks[0].objectives == (Question("who?", ("Ann",), "q1", "nq"),)
+    with pytest.raises(ValueError, match=r"mixed\.jsonl, line 2: .*one kind per file"):
+        load_qa_items(write_jsonl(tmp_path / "mixed.jsonl", [row, GOOD]))
+
+
+def test_null_cells_fall_back_per_cell(tmp_path: Path) -> None:
+    """Review A4: a null golden_answers fell back to nothing although answer held a value; a null id was an
+    error. Each cell now falls back on its own."""
+    rows = [
+        {"id": "a", "question": "who?", "golden_answers": ["Ann"], "answer": None, "data_source": "nq"},
+        {"id": None, "question": "what?", "golden_answers": None, "answer": "blue", "data_source": None},
+    ]
+    path = write_parquet(tmp_path / "nulls.parquet", rows)
+    assert load_qa_file(path) == [
+        Question("who?", ("Ann",), "a", "nq"),
+        Question("what?", ("blue",), "nulls-2", "nulls"),
+    ]

@@ -70,3 +70,41 @@ def test_build_tasks_trains_and_evaluates_on_different_worlds() -> None:
     val_qids = {q.qid for t in val for q in t.objectives}
     assert all(q.startswith("w0-") for q in train_qids)
     assert all(q.startswith("w7919-") for q in val_qids) and len(val_qids) == 64
+
+
+# ---- issue 38: qa_files splits through build_tasks -------------------------------------------------------------
+
+
+def _qa(path, questions, source="nq"):
+    import json
+
+    rows = [
+        {"id": f"{source}-{i}", "question": q, "golden_answers": ["x"], "data_source": source}
+        for i, q in enumerate(questions)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_qa_files_splits_capacity_and_overlap(make_cfg, tmp_path):
+    """Review C4/C5: eval.num_tasks above the split silently reused questions, and eval.split=test read the val
+    files. Now: null = each question once; more than the split holds is an error naming the numbers; test reads
+    data.test_files and refuses a question also in the training or validation files."""
+    from mempo.stages.builders import build_tasks
+
+    train = _qa(tmp_path / "train.jsonl", [f"train question {i}?" for i in range(6)])
+    val = _qa(tmp_path / "val.jsonl", [f"val question {i}?" for i in range(5)])
+    test = _qa(tmp_path / "test.jsonl", [f"test question {i}?" for i in range(4)], source="hotpotqa")
+    base = ["data=qa_files", "env=http", f"data.train_files=[{train}]", f"data.val_files=[{val}]"]
+    cfg = make_cfg(*base, f"data.test_files=[{test}]")
+    assert len(build_tasks(cfg, "val")) == 2  # 5 questions, N=2: each once, remainder dropped
+    with pytest.raises(ValueError, match=r"3 tasks of 2 objectives asked of data.val_files .* which holds 2"):
+        build_tasks(cfg, "val", num_tasks=3)
+    assert len(build_tasks(cfg, "train", num_tasks=7)) == 7  # training reuses questions across epochs
+    tasks = build_tasks(cfg, "test", objectives=2)
+    assert {q.question for t in tasks for q in t.objectives} == {f"test question {i}?" for i in range(4)}
+    with pytest.raises(ValueError, match=r"data.test_files is empty"):
+        build_tasks(make_cfg(*base), "test")
+    leak = _qa(tmp_path / "leak.jsonl", ["test question 0?", "VAL question 3"])  # normalised: "val question 3"
+    with pytest.raises(ValueError, match=r"question 'nq-1' \('VAL question 3'\) is also in data.val_files file"):
+        build_tasks(make_cfg(*base, f"data.test_files=[{leak}]"), "test")

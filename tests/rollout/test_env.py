@@ -193,3 +193,25 @@ def test_truncation_with_the_smollm2_tokenizer(bm25: BM25Retriever):
     body = result.removeprefix("<information>Doc 1 (Title: Marrow Codex) ").removesuffix("</information>")
     assert len(tok.encode(body, add_special_tokens=False)) == 16
     assert f"Marrow Codex {LONG_BODY}".startswith(body)
+
+
+def test_search_r1_rendering_whole_passages_and_an_observation_cap():
+    """Review B1/B5: env=http renders whole passages (Search-R1 cuts none) and can render them as Search-R1 does,
+    ``Doc i(Title: <first line>) <rest>`` + newline, quotes and inner newlines kept; max_obs_tokens caps the block."""
+    passages = [
+        Passage("a", '"Evan Morris"\nEvan Morris was a lobbyist.\nHe worked in Washington.', 3.0),
+        Passage("b", "One line only", 2.0),
+    ]
+    retriever = BM25Retriever(passages)
+    env = SearchEnv(retriever, topk=3, max_passage_tokens=None, render="search_r1")
+    assert env.observation(passages) == (
+        'Doc 1(Title: "Evan Morris") Evan Morris was a lobbyist.\nHe worked in Washington.\n'
+        "Doc 2(Title: One line only) \n"
+    )
+    whole = SearchEnv(retriever, topk=3, max_passage_tokens=None)
+    assert whole.observation(passages) == (
+        "Doc 1 (Title: Evan Morris) Evan Morris was a lobbyist. He worked in Washington.\nDoc 2 One line only"
+    )
+    capped = SearchEnv(retriever, topk=3, max_passage_tokens=None, max_obs_tokens=6)
+    assert capped.observation(passages) == "Doc 1 (Title: Evan Morris) Evan"
+    assert capped.search(["Evan Morris lobbyist"]) == ["<information>Doc 1 (Title: Evan Morris) Evan</information>"]

@@ -478,3 +478,56 @@ def test_http_rejects_bad_retry_settings():
         HTTPRetriever("http://127.0.0.1:1/retrieve", max_retries=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         HTTPRetriever("http://127.0.0.1:1/retrieve", timeout_s=0)
+
+
+# ---- real corpora (issue 38): chunked POSTs, waiting for a server that loads its index, the hint -----------------
+
+
+def test_queries_go_in_chunks_and_a_retry_resends_one_chunk(bm25: BM25Retriever):
+    """Review B2: every query of a turn went in one POST and a retry resent all of them. Chunks of 2 queries: 5
+    queries make 3 POSTs; a 500 on the second chunk retries that chunk alone."""
+    server = FaultServer([("ok",), ("status", 500), ("ok",)], retriever=bm25)
+    try:
+        client = HTTPRetriever(server.url, max_retries=1, backoff_s=0.0, max_queries_per_post=2)
+        queries = ["Velorin Oskatu", "Brask Holdings", "", "Lisbara", "Ometh Works", "Raitukrum"]
+        got = client.retrieve(queries, 2)
+    finally:
+        server.stop()
+    live = [q for q in queries if q]
+    assert [r["queries"] for r in server.requests] == [live[0:2], live[2:4], live[2:4], live[4:5]]
+    assert got == bm25.retrieve(queries, 2)
+
+
+def test_wait_ready_waits_for_a_late_server_and_says_so(bm25: BM25Retriever):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/retrieve"
+    lines: list[str] = []
+    late = threading.Timer(0.6, lambda: holder.append(RetrievalServer(bm25, port=port).start()))
+    holder: list[RetrievalServer] = []
+    late.start()
+    try:
+        waited = HTTPRetriever(url).wait_ready(20, say=lines.append, poll_s=0.1)
+    finally:
+        late.join()
+        for s in holder:
+            s.stop()
+    assert 0.5 < waited < 20
+    assert len(lines) == 2 and lines[0].startswith(f"[mempo] waiting up to 20 s for the retrieval server at {url}")
+    assert lines[1].startswith(f"[mempo] the retrieval server at {url} answers")
+
+
+def test_wait_ready_gives_up_naming_both_servers():
+    """Review B3: about 3.5 s of patience and a hint naming only mempo's server. The bounded wait's error names
+    env.wait_s, Search-R1's server and mempo's."""
+    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    with pytest.raises(RetrieverError) as err:
+        HTTPRetriever(url).wait_ready(0.3, say=lambda line: None, poll_s=0.1)
+    msg = str(err.value)
+    assert "env.wait_s=0.3" in msg and "search_r1/search/retrieval_server.py" in msg
+    assert "python -m mempo.rollout.retrieval_server" in msg
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
