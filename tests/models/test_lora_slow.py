@@ -13,11 +13,12 @@ pytest.importorskip("peft")
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
+from models.test_fsdp import _probe  # noqa: E402
+
 from mempo.lm import lora  # noqa: E402
 from mempo.models import callbacks  # noqa: E402
 from mempo.models.callbacks import SamplerCallback, WeightCanaryError  # noqa: E402
 from mempo.stages.train import fit_rl  # noqa: E402
-from models.test_fsdp import _probe  # noqa: E402
 
 TOL = 1e-3  # sampler.canary_tol (the default)
 RUN = [
