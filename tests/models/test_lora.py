@@ -209,3 +209,16 @@ def test_stopped_and_resumed_run_is_bit_identical_and_its_checkpoint_holds_the_a
                                          r"other-base:\w+"):  # fmt: skip
         fit_rl(make_cfg(*RUN, f"model.name_or_path={other}", "trainer.max_steps=3", "resume=true",
                         f"run_dir={tmp_path / 'b'}"))  # fmt: skip
+
+
+def test_the_plan_counts_the_adapters_peft_builds(tiny_path: Path, make_cfg) -> None:
+    from mempo.stages.plan import model_shape, plan_memory
+
+    shape = model_shape(str(tiny_path))
+    for top in (None, 1):
+        m = ModelConfig(name_or_path=str(tiny_path), train_top_layers=top, lora=LoRAConfig(rank=RANK))
+        policy = trainable_policy(load_policy(tiny_path)[0], m)
+        assert shape.lora_params(RANK, top) == sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    plan = plan_memory(make_cfg("+exp=mempo_1gpu_lora"))
+    assert plan.fits and plan.reference == 0 and plan.inputs.param_bytes == 2  # no second model; a bf16 base
+    assert not plan_memory(make_cfg("+exp=mempo_1gpu_lora", "plan.gpu_gib=24")).fits
