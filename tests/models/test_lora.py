@@ -222,3 +222,18 @@ def test_the_plan_counts_the_adapters_peft_builds(tiny_path: Path, make_cfg) -> 
     plan = plan_memory(make_cfg("+exp=mempo_1gpu_lora"))
     assert plan.fits and plan.reference == 0 and plan.inputs.param_bytes == 2  # no second model; a bf16 base
     assert not plan_memory(make_cfg("+exp=mempo_1gpu_lora", "plan.gpu_gib=24")).fits
+
+
+def test_the_sft_stage_trains_the_adapters(make_cfg, tmp_path, tiny_path) -> None:
+    """The warm start with model.lora on: only the adapters move; hf/ is the merged model, hf_adapter/ the adapter."""
+    from mempo.stages import run_stage
+
+    summary = run_stage(make_cfg("+exp=sft", "+debug=default", "model.lora.rank=4", "sft.lr=1e-2",
+                                 f"run_dir={tmp_path}"))  # fmt: skip
+    assert summary["steps"] > 0
+    trained = load_policy(tmp_path / "hf")[0].state_dict()
+    base = load_policy(tiny_path)[0].state_dict()
+    assert set(trained) == set(base)
+    moved = {k for k in base if not torch.equal(trained[k], base[k])}
+    assert moved and all(k.endswith("proj.weight") for k in moved)  # the adapted linears only; norms, embedding kept
+    assert (tmp_path / "hf_adapter" / "adapter_config.json").is_file()
