@@ -181,7 +181,8 @@ def merged_tensors(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if layer is not None and leaf == "weight" and ADAPTER in layer.lora_A:
             a = _full(state[f"{prefix}.lora_A.{ADAPTER}.weight"]).float()  # [r, d_in]
             b = _full(state[f"{prefix}.lora_B.{ADAPTER}.weight"]).float()  # [d_out, r]
-            tensor = torch.addmm(tensor.float(), b, a, alpha=layer.scaling[ADAPTER])  # W + s B A [d_out, d_in]
+            with torch.autocast(tensor.device.type, enabled=False):  # float32 even inside a bf16 autocast region
+                tensor = torch.addmm(tensor.float(), b, a, alpha=layer.scaling[ADAPTER])  # W + s B A [d_out, d_in]
         if any(m in name for m in PEFT_NAME_MARKERS):
             raise RuntimeError(f"LoRA push: the peft name {key!r} would reach the engine as {name!r}")
         yield name, tensor

@@ -76,6 +76,8 @@ def test_merged_tensors_equal_peft_merge_and_unload(tiny_path: Path) -> None:
     assert not [k for k in merged if any(m in k for m in lora.PEFT_NAME_MARKERS)]
     for k in merged:
         torch.testing.assert_close(merged[k], want[k])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a push from inside a bf16 autocast region merges in float32
+        assert all(torch.equal(v, merged[k]) for k, v in merged_tensors(policy))
     assert not torch.equal(merged["model.layers.0.mlp.down_proj.weight"], policy.get_base_model().state_dict()[
         "model.layers.0.mlp.down_proj.base_layer.weight"])  # fmt: skip
     # A plain model with the merged weights scores as the adapted policy.
