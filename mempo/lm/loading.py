@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from mempo.core.base import one_of, require
+from mempo.lm.lora import LoRAConfig
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny"
@@ -55,7 +56,9 @@ class ModelConfig:
 
     name_or_path: a local HF folder, an embedded name (``MODEL_NAMES``) or an owner/name hub id.
     cache_dir: where embedded models are built; null = $MEMPO_CACHE or ~/.cache/mempo.
-    train_top_layers: RL trains only the last k decoder layers and the final norm; null = all.
+    train_top_layers: RL trains only the last k decoder layers and the final norm; null = all. With LoRA on
+      (``lora.rank`` > 0): the adapters go on the last k layers only, and nothing else trains.
+    lora: LoRA adapters (``mempo.lm.lora.LoRAConfig``; rank 0 = off): the base stays frozen in ``dtype``.
     """
 
     name_or_path: str = SMOLLM2
@@ -64,6 +67,7 @@ class ModelConfig:
     cache_dir: str | None = None
     gradient_checkpointing: bool = False
     train_top_layers: int | None = None
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
         # train_top_layers is checked against the loaded model's depth (``train_top_layers``).

@@ -55,6 +55,8 @@ def shard_model(
     compute_dtype: gather parameters in this dtype for forward and backward (bf16 on GPUs), while the sharded master
     weights, their gradients and AdamW's moments stay in the parameters' own dtype (fp32) and gradients are reduced
     in fp32; None computes in the parameters' dtype (CPU tests, which compare with DDP in fp32).
+    A LoRA policy whose adapters' dtype differs from its frozen base's (peft keeps adapters in fp32 over a bf16 base)
+    shards each adapter linear as its own unit first: FSDP2 wants one original dtype per unit.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -62,11 +64,20 @@ def shard_model(
     if compute_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
+        for unit in _adapter_units(layer):
+            fully_shard(unit, **kwargs)
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     setattr(model, TOKEN_STATS_METHOD, lambda *args, **kw: local_token_stats(model, *args, **kw))
     register_fsdp_forward_method(model, TOKEN_STATS_METHOD)
     return model
+
+
+def _adapter_units(layer: nn.Module) -> list[nn.Module]:
+    """The LoRA A and B linears of ``layer`` when its parameters mix dtypes, else none."""
+    if len({p.dtype for p in layer.parameters()}) < 2:
+        return []
+    return [m for n, m in layer.named_modules() if isinstance(m, nn.Linear) and (".lora_A." in n or ".lora_B." in n)]
 
 
 def lockstep_count(n: int, model: nn.Module) -> int:

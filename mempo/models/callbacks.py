@@ -34,6 +34,7 @@ from mempo.core.console import progress, say
 from mempo.core.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.lm.logprobs import token_logprobs
+from mempo.lm.lora import base_names, is_lora, merged_tensors
 from mempo.lm.sharding import full_tensors
 from mempo.rollout.retrievers import RetrieverError
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -136,14 +137,20 @@ class SamplerCallback(L.Callback):
 
     def _push(self, pl_module: L.LightningModule) -> None:
         """The policy's weights into the engine, streamed: one full tensor at a time (gathered by every rank when
-        the policy is sharded, each rank pushing into its own colocated engine). A sampler that generates with
-        the policy itself (``HFSampler``) already has them."""
+        the policy is sharded, each rank pushing into its own colocated engine). A LoRA policy pushes the base's
+        weights with the adapter merged in (``mempo.lm.lora.merged_tensors``: float32, out of place, base names).
+        A sampler that generates with the policy itself (``HFSampler``) already has them."""
         t0 = time.perf_counter()
-        if getattr(self.sampler, "model", None) is not pl_module.policy:
-            state = pl_module.policy.state_dict()
+        policy = pl_module.policy
+        if getattr(self.sampler, "model", None) is not policy:
+            if is_lora(policy):
+                names, pairs = base_names(policy), merged_tensors(policy)
+            else:
+                state = policy.state_dict()
+                names, pairs = state, full_tensors(state)
             streamed: list[str] = []
-            self.sampler.push_weights(_recording(full_tensors(state), streamed))
-            check_streamed_names(streamed, state, tied=bool(getattr(pl_module.policy.config, "tie_word_embeddings", 0)))
+            self.sampler.push_weights(_recording(pairs, streamed))
+            check_streamed_names(streamed, names, tied=bool(getattr(policy.config, "tie_word_embeddings", 0)))
         self.last_push_s = time.perf_counter() - t0
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

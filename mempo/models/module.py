@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records, unscored_metrics
 from mempo.lm.logprobs import token_logprobs
+from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
 from mempo.losses import (
@@ -138,10 +139,11 @@ class MemPOModule(L.LightningModule):
         chains: Any = None,
         logp_temperature: float = 1.0,
         redraw_rounds: int = 0,
+        base_fingerprint: str | None = None,
     ) -> None:
         super().__init__()
-        if loss.kl_coef > 0 and reference is None:
-            raise ValueError("loss.kl_coef > 0 needs a reference model")
+        if loss.kl_coef > 0 and reference is None and not is_lora(policy):
+            raise ValueError("loss.kl_coef > 0 needs a reference model (or a LoRA policy: its adapter disabled)")
         self.policy = policy
         self.reference = reference
         if reference is not None:
@@ -170,6 +172,8 @@ class MemPOModule(L.LightningModule):
         self.chains = chains  # qid -> reasoning chain (synthetic data): the early-answer rate needs them
         self.final_state: dict[str, torch.Tensor] | None = None  # a sharded policy's full weights (on_train_end)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        # A LoRA policy's base (``mempo.lm.lora.base_fingerprint``): its checkpoints resume on this base only.
+        self.base_fingerprint = base_fingerprint
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy`` (``trainer=fsdp``): FSDP2 over the data-parallel ranks, the policy (fp32
@@ -178,8 +182,12 @@ class MemPOModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         """A sharded policy's full weights for the HF export, gathered by every rank while the process group is
-        up: the vLLM engine's shutdown at fit end (``SamplerCallback.on_fit_end``) takes torch.distributed down."""
-        self.final_state = full_state_dict(self.policy)
+        up: the vLLM engine's shutdown at fit end (``SamplerCallback.on_fit_end``) takes torch.distributed down.
+        A sharded LoRA policy's: the merged weights and the adapter (``mempo.lm.lora.export_states``)."""
+        if is_lora(self.policy):
+            self.final_state = export_states(self.policy) if is_sharded(self.policy) else None
+        else:
+            self.final_state = full_state_dict(self.policy)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # a list of Task: text, nothing to move
@@ -457,8 +465,21 @@ class MemPOModule(L.LightningModule):
         old_logp = x.sampler_logp
         if self.optim_cfg.old_logp == "recompute":
             old_logp = score(self.policy)
-        ref_logp = score(self.reference) if self.loss_cfg.kl_coef > 0 else None
+        ref_logp = None
+        if self.loss_cfg.kl_coef > 0:
+            with self.reference_policy() as reference:
+                ref_logp = score(reference)
         return old_logp, ref_logp
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The KL term's reference: the frozen second model, or a LoRA policy with its adapter disabled (the base's
+        forward exactly; every rank of a sharded policy takes the same branch)."""
+        if self.reference is not None or not is_lora(self.policy):
+            yield self.reference
+            return
+        with adapter_disabled(self.policy):
+            yield self.policy
 
     def _has_signal(self, adv: torch.Tensor, response_mask: torch.Tensor) -> bool:
         """Whether the loss has a gradient: a nonzero advantage on a response token, or a KL term. Data-parallel
@@ -595,20 +616,33 @@ class MemPOModule(L.LightningModule):
     # -------------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Leaves the frozen reference out (a sharded checkpoint keeps it: its loader restores every key) and adds
-        the step count and every rank's RNG states (``rng_by_rank``; a collective under DDP and FSDP)."""
+        the step count and every rank's RNG states (``rng_by_rank``; a collective under DDP and FSDP). A LoRA policy's
+        unsharded checkpoint holds the adapter only (its optimizer state is the adapter's anyway) and the base's
+        fingerprint; a sharded one holds the frozen base's shards too (FSDP2's loader restores every key)."""
+        lora = is_lora(self.policy)
         if not is_sharded(self.policy):
             checkpoint["state_dict"] = {
                 k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("reference.")
             }
+            if lora:
+                checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if is_adapter_key(k)}
         rng = {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
             "numpy": _numpy_state_to_plain(np.random.get_state()),
         }
         checkpoint["mempo"] = {"batches_done": self.batches_done, "rng_by_rank": gather_objects(rng)}
+        if lora:
+            checkpoint["mempo"]["lora_base"] = self.base_fingerprint
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("mempo", {})
+        saved, mine = state.get("lora_base"), self.base_fingerprint if is_lora(self.policy) else None
+        if saved != mine:  # an adapter on another base, or adapter and full weights mixed: never resumed silently
+            raise ValueError(
+                f"resume refused: the checkpoint's LoRA base is {saved or 'none (full weights)'}, this run's is "
+                f"{mine or 'none (full weights)'} (model.name_or_path={getattr(self.policy, 'name_or_path', None)!r})"
+            )
         self.batches_done = int(state.get("batches_done", 0))
         by_rank = state.get("rng_by_rank") or [state.get("rng")]  # "rng": checkpoints of one rank's state
         # The same world size resumes each rank's own stream; another one resumes rank 0's everywhere.

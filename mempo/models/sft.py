@@ -289,7 +289,8 @@ class SFTModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.AdamW(self.policy.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        params = [p for p in self.policy.parameters() if p.requires_grad]  # all of them, or a LoRA policy's adapters
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
 
         def factor(step: int) -> float:
             return lr_factor(

@@ -21,6 +21,7 @@ from mempo.data.compose import compose_tasks, task_capacity
 from mempo.data.qa_files import load_qa_items
 from mempo.data.synthetic import SPLITS, SyntheticQuestion, SyntheticWorld, split_questions
 from mempo.lm.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
+from mempo.lm.lora import apply_lora, base_fingerprint
 from mempo.models.module import MemPOModule, OptimConfig
 from mempo.rollout.env import EnvConfig, SearchEnv
 from mempo.rollout.prompts import PromptBuilder
@@ -209,16 +210,38 @@ def build_sampler(
     )
 
 
-def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
-    """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0) and env, the policy's folder)."""
-    m: ModelConfig = group(cfg, "model")
-    model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
-    policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+def trainable_policy(policy: Any, m: ModelConfig) -> Any:
+    """What trains (both stages): LoRA adapters (``model.lora.rank`` > 0; on the top ``train_top_layers`` layers
+    when set), else the top layers, else everything; gradient checkpointing first, as LoRA needs to know of it."""
     if m.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+    if m.lora.enabled:
+        return apply_lora(policy, m.lora, top_layers=m.train_top_layers)
     train_top_layers(policy, m.train_top_layers)
+    return policy
+
+
+def check_lora_run(cfg: DictConfig, optim: OptimConfig) -> None:
+    """LoRA dropout makes the trainer's forward differ from the engine's: refused where the engine's log-probs are
+    the old ones (``optim.old_logp=sampler``)."""
+    if cfg.model.lora.rank > 0 and cfg.model.lora.dropout > 0 and optim.old_logp == "sampler":
+        raise ValueError(
+            f"config key model.lora.dropout={cfg.model.lora.dropout}: with optim.old_logp=sampler the engine's "
+            "log-probs (no dropout) are the old ones; set model.lora.dropout=0 or optim.old_logp=recompute"
+        )
+
+
+def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
+    """-> (MemPOModule with its policy, reference (when loss.kl_coef > 0; with LoRA the policy's adapter disabled
+    instead of a second model) and env, the policy's folder)."""
+    m: ModelConfig = group(cfg, "model")
+    optim = build_optim_config(cfg)
+    check_lora_run(cfg, optim)
+    model_path = resolve_model_path(m.name_or_path, cache_dir=m.cache_dir)
+    policy, tokenizer = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    policy = trainable_policy(policy, m)
     reference = None
-    if cfg.loss.kl_coef > 0:
+    if cfg.loss.kl_coef > 0 and not m.lora.enabled:
         reference, _ = load_policy(model_path, dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     module = MemPOModule(
         policy,
@@ -231,13 +254,14 @@ def build_module(cfg: DictConfig) -> tuple[MemPOModule, Path | str]:
         loss=group(cfg, "loss"),
         memory=group(cfg, "memory"),
         advantage=group(cfg, "advantage"),
-        optim=build_optim_config(cfg),
+        optim=optim,
         group_size=cfg.data.group_size,
         reward_kind=cfg.reward.kind,
         seed=cfg.seed,
         chains=synthetic_chains(cfg),
         logp_temperature=group(cfg, "sampler").logp_temperature,
         redraw_rounds=cfg.data.redraw_rounds if cfg.data.dynamic_sampling else 0,
+        base_fingerprint=base_fingerprint(model_path) if m.lora.enabled else None,
     )
     return module, model_path
 

@@ -50,6 +50,12 @@ What each part holds (P: all parameters, P_t: the trainable ones, ``model.train_
 - the optimizer step: foreach AdamW on GPUs allocates one parameter-sized buffer (sqrt of the second moment); on CPU
   torch loops over tensors, so the largest trainable tensor.
 - overhead (``plan.overhead_gib``): CUDA context, NCCL buffers, allocator fragmentation.
+- LoRA (``model.lora.rank`` = r > 0): the trainable parameters are the adapters, r*(d_in + d_out) per adapted linear
+  (``ModelShape.lora_params``), kept in fp32 by peft over a base of any dtype: their gradients, moments, DDP buckets
+  and optimizer buffer are 4 bytes each; the base stays frozen in b_m. No reference copy (the KL term's reference is
+  the policy with its adapter disabled). Activations are saved in every layer from the lowest adapted one up (all of
+  them unless ``train_top_layers``), plus, under autocast, each adapter's cast of its input to c (c*(5h + q + i) per
+  token and layer: peft casts the input to the adapter's fp32, autocast back to c); the head does not train.
 
 Phases: generation (resident state + the awake engine), update (resident + gradients + activations + logits + the
 engine unless asleep) and the optimizer step. The plan adds each phase's parts at their peaks, so it bounds what a
@@ -227,6 +233,15 @@ class ModelShape:
     def total_params(self) -> int:
         return self.embed_params + self.num_layers * self.layer_params + self.hidden_size + self.head_params
 
+    def lora_params(self, rank: int, top_layers: int | None, targets: Any = "all-linear") -> int:
+        """LoRA adapters of rank ``rank`` on the ``targets`` linears (all seven of a layer: "all-linear") of every
+        layer, or of the last ``top_layers``: r*(d_in + d_out) each (``mempo.lm.lora.apply_lora``)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        dims = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+                "up_proj": h + i, "down_proj": i + h}  # fmt: skip
+        names = list(dims) if targets == "all-linear" else [t for t in targets if t in dims]
+        return rank * sum(dims[n] for n in names) * (self.num_layers if top_layers is None else top_layers)
+
     def trainable_params(self, top_layers: int | None) -> int:
         """``model.train_top_layers``: the last k layers and the final norm (``mempo.lm.loading.train_top_layers``)."""
         return self.total_params if top_layers is None else top_layers * self.layer_params + self.hidden_size
@@ -280,7 +295,7 @@ class PlanInputs:
     residual_bytes: int  # the residual stream between layers (see the module docstring)
     train_top_layers: int | None
     gradient_checkpointing: bool
-    reference: bool
+    reference: bool  # a second model in memory (loss.kl_coef > 0 without LoRA)
     micro_batch_size: int
     seq_len: int
     seq_len_from: str
@@ -290,6 +305,8 @@ class PlanInputs:
     overhead_gib: float
     chunk_size: int = HEAD_CHUNK
     batch_size: int | None = None  # data.batch_size: tasks per step across all ranks (None: not shown)
+    lora_rank: int = 0  # model.lora.rank (0: off)
+    lora_targets: Any = "all-linear"  # model.lora.target_modules
 
 
 def parse_devices(devices: Any) -> int | None:
@@ -365,7 +382,7 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
         residual_bytes=residual_bytes,
         train_top_layers=m.train_top_layers,
         gradient_checkpointing=bool(m.gradient_checkpointing),
-        reference=cfg.loss.kl_coef > 0,
+        reference=cfg.loss.kl_coef > 0 and m.lora.rank == 0,
         micro_batch_size=cfg.optim.micro_batch_size,
         seq_len=seq_len,
         seq_len_from=seq_from,
@@ -374,6 +391,8 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
         gpu_gib=cfg.plan.gpu_gib,
         overhead_gib=cfg.plan.overhead_gib,
         batch_size=int(cfg.data.batch_size),
+        lora_rank=int(m.lora.rank),
+        lora_targets=m.lora.target_modules if isinstance(m.lora.target_modules, str) else list(m.lora.target_modules),
     )
 
 
@@ -484,15 +503,21 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     shards = x.world_size if x.sharded else 1
     assert shards is not None  # plan_inputs refuses a sharded plan without a world size
     b_m, c, r = x.param_bytes, x.compute_bytes, x.residual_bytes
+    b_t = b_m  # bytes of a trainable parameter (and of its gradient and moments)
+    head_trains = x.train_top_layers is None
+    if x.lora_rank:  # the adapters train, in fp32; the base (head included) is frozen
+        trainable, b_t, head_trains = shape.lora_params(x.lora_rank, x.train_top_layers, x.lora_targets), 4, False
     replicated_ddp = not x.sharded and (x.strategy == "ddp" or (x.world_size or 2) > 1)
 
     unsharded = 0
     if x.sharded:
         root = shape.embed_params + shape.head_params + shape.hidden_size
         unsharded = (2 * shape.layer_params + root) * c + shape.layer_params * 4
-    mixed_cast = x.precision.endswith("-mixed") and not x.sharded and b_m > c
+    mixed_cast = x.precision.endswith("-mixed") and not x.sharded and b_t > c
     if x.on_gpu:
-        optimizer_step = trainable * b_m // shards  # foreach AdamW: one parameter-sized buffer
+        optimizer_step = trainable * b_t // shards  # foreach AdamW: one parameter-sized buffer
+    elif x.lora_rank:
+        optimizer_step = x.lora_rank * (shape.hidden_size + shape.intermediate_size) * b_t  # the largest adapter
     else:
         largest = max(shape.hidden_size * shape.intermediate_size, shape.hidden_size * shape.q_dim)
         if x.train_top_layers is None:
@@ -512,10 +537,12 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     layers = shape.num_layers if x.train_top_layers is None else x.train_top_layers
     layer = layer_activation_bytes(shape, tokens, residual_bytes=r, compute_bytes=c)
     h = shape.hidden_size
+    if x.lora_rank and c != 4:  # each adapter's autocast cast of its (fp32-cast) input
+        layer += tokens * c * (5 * h + shape.q_dim + shape.intermediate_size)
     around = tokens * (4 * h + r * h) + scored * r * h + b * s * s  # final norm, head input rows, padding mask
     chunk = min(x.chunk_size, scored)
     logits = chunk * shape.vocab_size * (20 + (c if c != 4 else 0))
-    if x.train_top_layers is None:  # the head trains: its weight gradient per chunk, in c, plus
+    if head_trains:  # the head trains: its weight gradient per chunk, in c, plus
         # autocast's cast of it to wider parameters (replicated), or the unsharded gradient it accumulates in (fsdp2)
         logits += shape.vocab_size * h * (c + (c if x.sharded else b_m if b_m != c else 0))
 
@@ -523,10 +550,10 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         shape=shape,
         inputs=x,
         trainable=trainable,
-        params=total * b_m // shards,
-        grads=trainable * b_m // shards,
-        ddp_buckets=trainable * b_m if replicated_ddp else 0,
-        optimizer=2 * trainable * b_m // shards,
+        params=(total * b_m + (trainable * b_t if x.lora_rank else 0)) // shards,
+        grads=trainable * b_t // shards,
+        ddp_buckets=trainable * b_t if replicated_ddp else 0,
+        optimizer=2 * trainable * b_t // shards,
         optimizer_step=optimizer_step,
         unsharded=unsharded,
         autocast_cache=trainable * c if mixed_cast else 0,
@@ -579,7 +606,14 @@ def _parts(p: MemoryPlan) -> list[tuple[str, str, int | None]]:
         rows.append(("unsharded", f"2 layers + root unit in {_dtype(x.compute_bytes)}, 1 layer grad fp32", p.unsharded))
     if p.autocast_cache:
         rows.append(("autocast cache", f"trainable weights cast to {_dtype(x.compute_bytes)}", p.autocast_cache))
-    rows.append(("reference", params if x.reference else "none (loss.kl_coef=0)", p.reference))
+    if x.lora_rank:
+        rows[0] = ("policy params", f"frozen base {params} + fp32 adapters", p.params)
+        rows[1:3] = [
+            ("gradients", "fp32, the adapters only", p.grads),
+            ("AdamW moments", "2 x fp32 adapters", p.optimizer),
+        ]
+    none = "none (LoRA: the policy with its adapter disabled)" if x.lora_rank else "none (loss.kl_coef=0)"
+    rows.append(("reference", params if x.reference else none, p.reference))
     e = x.engine
     if e is None:
         rows.append(("vLLM engine", "none (sampler.backend=hf: the policy generates)", 0))
@@ -612,6 +646,9 @@ def render(plan: MemoryPlan, title: str = "") -> str:
     unit = ("GPU", "GPUs") if x.on_gpu else ("process", "processes")
     world = "all devices of a node" if x.world_size is None else f"{x.world_size} {unit[x.world_size > 1]}"
     top = "all" if x.train_top_layers is None else f"the top {x.train_top_layers} layers + final norm"
+    if x.lora_rank:
+        where = "every layer" if x.train_top_layers is None else f"the top {x.train_top_layers} layers"
+        top = f"LoRA rank {x.lora_rank} adapters ({x.lora_targets}) on {where}; the base frozen"
     head = "tied" if m.tie_word_embeddings else "untied"
     strategy = x.strategy
     lines = [
@@ -619,7 +656,8 @@ def render(plan: MemoryPlan, title: str = "") -> str:
         f"  model     {m.total_params / 1e9:.3f} B params from {m.source}",
         f"            {m.num_layers} layers, hidden {m.hidden_size}, intermediate {m.intermediate_size}, heads "
         f"{m.num_heads} ({m.num_kv_heads} kv) x {m.head_dim}, vocab {m.vocab_size}, {head} head",
-        f"  trainable {p.trainable / 1e9:.3f} B params (model.train_top_layers: {top})",
+        f"  trainable {p.trainable / 1e9:.3f} B params ({'model.lora' if x.lora_rank else 'model.train_top_layers'}: "
+        f"{top})",
         f"  strategy  {strategy} over {world}; precision {x.precision}: params {_dtype(x.param_bytes)}, "
         f"compute {_dtype(x.compute_bytes)}",
         *([f"  data      {_tasks_line(x)}"] if x.batch_size is not None else []),

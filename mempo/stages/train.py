@@ -22,6 +22,8 @@ from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
 from mempo.eval.memory_credit import CREDIT_FILE
 from mempo.lm.loading import load_policy, resolve_model_path
+from mempo.lm.lora import apply_lora, export_states, is_lora, save_lora
+from mempo.lm.sharding import is_sharded
 from mempo.models.callbacks import (
     MemoryCreditFile,
     MetricsFile,
@@ -116,7 +118,10 @@ def make_trainer(cfg: DictConfig, out: Path, callbacks: list, **run: Any) -> L.T
 def _export(policy: Any, tokenizer: Any, folder: Path, *, write: bool, state: dict | None = None) -> Path:
     """The trained policy as a Hugging Face folder (what the next phase, vLLM and eval load). Every rank calls it
     (a sharded policy is gathered by all, unless ``state`` holds its gathered weights); the one with ``write``
-    writes."""
+    writes. A LoRA policy: ``folder`` holds the merged model (a plain HF folder) and ``<folder>_adapter`` peft's
+    adapter (``mempo.lm.lora.save_lora``)."""
+    if is_lora(policy):
+        return _export_lora(policy, tokenizer, folder, write=write, states=state)
     state = state if state is not None else full_state_dict(policy)
     if not write:
         return folder
@@ -126,6 +131,22 @@ def _export(policy: Any, tokenizer: Any, folder: Path, *, write: bool, state: di
     if folder.exists():
         shutil.rmtree(folder)
     tmp.replace(folder)
+    return folder
+
+
+def _export_lora(policy: Any, tokenizer: Any, folder: Path, *, write: bool, states: dict | None) -> Path:
+    if states is None and (write or is_sharded(policy)):  # sharded: every rank gathers
+        states = export_states(policy)
+    if not write:
+        return folder
+    adapter = folder.with_name(f"{folder.name}_adapter")
+    tmp, tmp_adapter = temp_sibling(folder), temp_sibling(adapter)
+    save_lora(policy, tmp, tmp_adapter, states)
+    tokenizer.save_pretrained(tmp)
+    for done, final in ((tmp, folder), (tmp_adapter, adapter)):
+        if final.exists():
+            shutil.rmtree(final)
+        done.replace(final)
     return folder
 
 
@@ -297,6 +318,8 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     )
     if m.gradient_checkpointing:  # long full-history examples: activations of one layer at a time in backward
         policy.gradient_checkpointing_enable()
+    if m.lora.rank > 0:  # the warm start trains the adapters too (on the top train_top_layers layers when set)
+        policy = apply_lora(policy, group(cfg, "model").lora, top_layers=m.train_top_layers)
     trajectories, examples, rows, loader = sft_data(cfg, tokenizer)
     total = len(loader) * s.epochs if s.max_steps < 0 else min(s.max_steps, len(loader) * s.epochs)
     module = SFTModule(
