@@ -58,10 +58,11 @@ def _scores(per_seed: dict[int, list[float]], order: int = 1) -> dict[int, dict[
 
 
 def test_pairing_by_seed_and_task_removes_the_seeds_spread() -> None:
-    """B is A + 0.1 on every task of every seed, while A's seeds lie far apart (0.2, 0.5, 0.8): paired, each seed's
-    difference is exactly 0.1 and so is the interval; unpaired, the seeds' spread would swamp it."""
-    a = _scores({0: [0.2, 0.2], 1: [0.5, 0.5], 2: [0.8, 0.8]})
-    b = _scores({2: [0.9, 0.9], 0: [0.3, 0.3], 1: [0.6, 0.6]}, order=-1)  # other seed and task order
+    """B is A + 0.1 on every task of every seed, while A's seeds lie far apart (means 0.2, 0.5, 0.7) and so do
+    the tasks within a seed: paired, each seed's difference is exactly 0.1 and so are both intervals; unpaired, the
+    seeds' spread (t-interval) or the tasks' (bootstrap) would swamp it."""
+    a = _scores({0: [0.0, 0.4], 1: [0.3, 0.7], 2: [0.5, 0.9]})
+    b = _scores({2: [0.6, 1.0], 0: [0.1, 0.5], 1: [0.4, 0.8]}, order=-1)  # other seed and task order
     got = compare(a, b)
     assert got["seeds"] == [0, 1, 2] and got["tasks"] == [2, 2, 2]
     assert got["per_seed"] == pytest.approx([0.1, 0.1, 0.1]) and got["mean"] == pytest.approx(0.1)
