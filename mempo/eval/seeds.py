@@ -192,3 +192,47 @@ def parse_arm(spec: str) -> tuple[str, dict[int, str]]:
     if len(labels) != len(pairs):
         raise ValueError(f"--arm {spec!r}: a seed given twice")
     return name, labels
+
+
+def turns_and_failures(
+    records: Sequence[Mapping[str, Any]],
+    failures: Sequence[Mapping[str, Any]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    agent: str = "memory",
+) -> dict[str, Any]:
+    """Per arm (and checkpoint label, e.g. the warm start, given as an arm of one seed) and N: the mean turns per
+    task of each seed and their mean, and the failure verdicts (``mempo.eval.failures``) summed over its seeds
+    (``failures``: an evaluation's tally rows; none for data without reasoning chains)."""
+    from mempo.eval.failures import VERDICTS
+
+    out: dict[str, Any] = {}
+    for arm, labels in arms.items():
+        for n in sorted({r["objectives"] for r in records if r["agent"] == agent}):
+            turns = [
+                float(np.mean([float(r["turns"]) for r in records
+                               if r["checkpoint"] == labels[s] and r["agent"] == agent and r["objectives"] == n]))
+                for s in sorted(labels)
+            ]  # fmt: skip
+            tallies = [f for f in failures if f["checkpoint"] in set(labels.values()) and f["agent"] == agent
+                       and f["objectives"] == n]  # fmt: skip
+            entry: dict[str, Any] = {"turns_per_seed": turns, "turns": float(np.mean(turns))}
+            if tallies:
+                entry["verdicts"] = {v: int(sum(f[v] for f in tallies)) for v in VERDICTS}
+            out.setdefault(arm, {})[str(n)] = entry
+    return out
+
+
+def turns_and_failures_markdown(table: Mapping[str, Any]) -> str:
+    """One row per arm and N: turns per task (per seed, mean) and the failure verdicts summed over seeds."""
+    from mempo.eval.failures import VERDICTS
+    from mempo.eval.report import markdown_table
+
+    rows = [
+        {"arm": arm, "N": n, "turns per seed": ", ".join(f"{t:.2f}" for t in e["turns_per_seed"]), "turns": e["turns"]}
+        | e.get("verdicts", {})
+        for arm, by_n in table.items()
+        for n, e in by_n.items()
+    ]
+    verdicts = [v for v in VERDICTS if any(v in r for r in rows)]
+    return markdown_table(rows, ["arm", "N", "turns per seed", "turns", *verdicts])

@@ -11,7 +11,7 @@ as the unit of evidence (``mempo.eval.seeds``; docs/reviews/rl-signal.md, D1-D3)
                  (eval.num_tasks x eval.objectives; exp/study.yaml: 128 two-question tasks, a float32 engine)
     report       per arm its seeds' EM and F1; per comparison (every arm against study.reference, every arm against
                  the warm start) the per-seed paired differences, the t-interval over them (df = K - 1), the
-                 two-level bootstrap beside it and the verdict
+                 two-level bootstrap beside it and the verdict; per arm its turns per task and failure verdicts
 
 K (study.seeds) and the steps are the config's, fixed before the study runs. Outputs: <run_dir>/study.md (the
 tables), study.json (``mempo.eval.seeds.seed_study`` plus the design and timings), summary.json, eval/ (the
@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
 from mempo.eval.report import read_records
-from mempo.eval.seeds import seed_study, study_markdown
+from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, turns_and_failures_markdown
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
 from mempo.stages.config import CONFIG_DIR, cpu_has_bf16, exp_delta, require_eval_task_count
@@ -203,6 +203,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     records = read_records(Path(ev["files"]["results"]))
     arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in cfg.study.arms}
     report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start")
+    behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
     phases["eval_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
     design = {
@@ -214,8 +215,9 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,
     }
-    result = {"stage": "study", "design": design, **report, "status": status, "phases": phases}
-    table = study_markdown(report)
+    result = {"stage": "study", "design": design, **report, "behaviour": behaviour, "status": status, "phases": phases}
+    table = study_markdown(report) + "\n\nTurns per task and failure verdicts (summed over seeds):\n\n"
+    table += turns_and_failures_markdown(behaviour)
     files = {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
     write_json(files["study_json"], result)
     atomic_write_text(files["study_md"], table + "\n")

@@ -160,3 +160,19 @@ def test_the_report_cli_seed_level_mode(tmp_path: Path, capsys: pytest.CaptureFi
         parse_arm("mempo=a,b")
     with pytest.raises(SystemExit, match="--arm: reference arm 'x'"):
         main([str(tmp_path), *arms, "--reference", "x"])
+
+
+def test_turns_and_failures_per_arm_by_hand() -> None:
+    from mempo.eval.failures import VERDICTS
+    from mempo.eval.seeds import turns_and_failures, turns_and_failures_markdown
+
+    recs = [{"checkpoint": c, "agent": "memory", "objectives": 2, "task_id": f"t{i}", "turns": t}
+            for c, ts in (("a0", [3, 5]), ("a1", [4, 4]), ("w", [6, 6])) for i, t in enumerate(ts)]  # fmt: skip
+    zero = dict.fromkeys(VERDICTS, 0)
+    fails = [{"checkpoint": c, "agent": "memory", "objectives": 2} | zero | {"correct": k, "wrong_query": 4 - k}
+             for c, k in (("a0", 3), ("a1", 1), ("w", 2))]  # fmt: skip
+    got = turns_and_failures(recs, fails, {"warm_start": {0: "w"}, "a": {0: "a0", 1: "a1"}})
+    assert got["a"]["2"]["turns_per_seed"] == [4.0, 4.0] and got["a"]["2"]["turns"] == 4.0
+    assert got["a"]["2"]["verdicts"]["correct"] == 4 and got["a"]["2"]["verdicts"]["wrong_query"] == 4
+    assert got["warm_start"]["2"]["turns"] == 6.0 and got["warm_start"]["2"]["verdicts"]["correct"] == 2
+    assert "| a | 2 | 4.00, 4.00 | 4.000 | 4 | 0 | 4 |" in turns_and_failures_markdown(got)
