@@ -111,9 +111,18 @@ class HeadlineConfig:
 
 
 # Keys the demo keeps from the run's config whatever its RL recipe sets: the budget (steps and tasks per step: the
-# main job's 25 minutes hold 2 steps of 2 tasks x the recipe's G), and memory.log_p_ans (scoring every memory for
-# P(ans | mem) when alpha = 0, a diagnostic for comparing arms: ~25 s of a ~3 min step here).
-DEMO_OWN_KEYS = ("trainer.max_steps", "data.batch_size", "ckpt.every_n_steps", "eval.every_n_steps", "memory.log_p_ans")
+# main job's 25 minutes hold 2 steps of 2 tasks x the recipe's G), the learning rate at that budget (config.yaml's
+# 1e-5, not grpo_cpu's 3e-5: from a float32-trained warm start, as an AVX2 machine trains it, 3e-5 lost 0.070, 0.047
+# and 0.008 EM at RL seeds 0-2 and 1e-5 lost 0.016 and 0.023, within noise; docs/results.md), and memory.log_p_ans
+# (scoring every memory for P(ans | mem) when alpha = 0, a diagnostic for comparing arms: ~25 s of a ~3 min step).
+DEMO_OWN_KEYS = (
+    "trainer.max_steps",
+    "data.batch_size",
+    "ckpt.every_n_steps",
+    "eval.every_n_steps",
+    "optim.lr",
+    "memory.log_p_ans",
+)
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,9 @@ class DemoConfig:
 
     rl_exp: the experiment (``experiments/configs/exp/<rl_exp>.yaml``) whose recipe the RL phase applies on top of
       the run's config, like the headline's arms: its keys but the demo's own (``DEMO_OWN_KEYS``: the run's
-      trainer.max_steps, data.batch_size, ckpt.every_n_steps and memory.log_p_ans, and ``val_every``), and but any
-      key set on the command line (which wins). null = the run's config as is (config.yaml's MemPO defaults).
+      trainer.max_steps, data.batch_size, ckpt.every_n_steps, optim.lr and memory.log_p_ans, and ``val_every``),
+      and but any key set on the command line (which wins). null = the run's config as is (config.yaml's MemPO
+      defaults).
     val_every: in-training validation every k RL steps on data.num_val_tasks held-out tasks (0 = off).
     """
 

@@ -17,14 +17,13 @@ from mempo.stages.config import compose_config
 from mempo.stages.demo import DEMO_RATES, demo_steps, expected_seconds
 
 # exp/grpo_cpu.yaml's recipe keys (its data.batch_size=4, trainer.max_steps=10, ckpt.every_n_steps=5,
-# eval.every_n_steps=10 and memory.log_p_ans are not the demo's)
+# eval.every_n_steps=10, optim.lr=3e-5 and memory.log_p_ans are not the demo's)
 GRPO_CPU = {
     "data.group_size": 8,
     "data.num_val_tasks": 16,
     "model.train_top_layers": 8,
     "reward.kind": "mean_em",
     "memory.alpha": 0.0,
-    "optim.lr": 3.0e-5,
     "sampler.canary_every": 2,
 }
 
@@ -51,14 +50,15 @@ def test_the_rl_phase_runs_the_grpo_cpu_recipe_with_the_demos_budget(tmp_path: P
     assert rl.ckpt.every_n_steps == cfg.ckpt.every_n_steps
     assert rl.eval.every_n_steps == 2  # demo.val_every, not grpo_cpu's 8
     assert rl.memory.log_p_ans is False  # a diagnostic grpo_cpu turns on, the demo does not pay for
+    assert rl.optim.lr == cfg.optim.lr == 1e-5  # config.yaml's at the demo's 2 steps, not grpo_cpu's 3e-5
     assert rl.model.name_or_path == str(tmp_path / "sft" / "hf")
     # the run's own config (and so the rl stage and every other experiment) keeps MemPO's defaults
     assert cfg.memory.alpha == 1.0 and cfg.data.batch_size == 2 and cfg.model.train_top_layers is None
 
 
 def test_a_command_line_key_wins_over_the_recipe(tmp_path: Path) -> None:
-    rl = rl_phase(compose_config(f"run_dir={tmp_path}", "memory.alpha=1", "optim.lr=1e-5", "demo.val_every=0"))
-    assert rl.memory.alpha == 1.0 and rl.optim.lr == 1e-5  # MemPO on the grpo_cpu recipe
+    rl = rl_phase(compose_config(f"run_dir={tmp_path}", "memory.alpha=1", "optim.lr=3e-5", "demo.val_every=0"))
+    assert rl.memory.alpha == 1.0 and rl.optim.lr == 3e-5  # MemPO on the grpo_cpu recipe, grpo_cpu's lr
     assert rl.data.batch_size == 2 and rl.data.group_size == 8 and rl.model.train_top_layers == 8
     assert rl.eval.every_n_steps == 0
 
