@@ -430,7 +430,8 @@ def mean_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m mempo.eval.report EVAL_DIR [EVAL_DIR ...]``: one interval table over several evaluations of the
-    same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint."""
+    same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint; with ``--arm``
+    the seed-level tables instead (arms of checkpoints, one per RL seed; ``mempo.eval.seeds``)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -440,7 +441,18 @@ def main(argv: list[str] | None = None) -> None:
                     "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
     ap.add_argument("--base", default=None, metavar="NAME",
                     help="pair the others against NAME (a label or a --mean name), not the first")  # fmt: skip
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=SEED:LABEL,...",
+                    help="seed-level mode (mempo.eval.seeds): an arm NAME whose RL seed SEED is checkpoint LABEL; "
+                    "arms pair by seed and task, intervals over the per-seed differences")  # fmt: skip
+    ap.add_argument("--reference", default=None, metavar="NAME",
+                    help="with --arm: the arm the others are compared with (default: the first)")  # fmt: skip
+    ap.add_argument("--warm-start", default=None, metavar="LABEL",
+                    help="with --arm: a checkpoint every arm is also compared with, paired by task")  # fmt: skip
+    ap.add_argument("--json", default=None, type=Path, metavar="PATH", help="with --arm: also write the report")
     args = ap.parse_args(argv)
+    if args.arm:
+        seed_level(args)
+        return
     rows: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     for d in args.eval_dirs:
@@ -458,6 +470,23 @@ def main(argv: list[str] | None = None) -> None:
         print(interval_table(rows, records, base=args.base))
     except ValueError as e:
         raise SystemExit(f"--base: {e}") from None
+
+
+def seed_level(args: Any) -> None:
+    """``--arm`` mode: the seed-level tables (``mempo.eval.seeds``) of the evaluations' results.jsonl."""
+    from mempo.eval.seeds import parse_arm, seed_study, study_markdown
+
+    if args.mean or args.base:
+        raise SystemExit("--arm: --mean and --base are the tasks-only mode's; use --reference with --arm")
+    records = [rec for d in args.eval_dirs for rec in read_records(Path(d) / "results.jsonl")]
+    try:
+        arms = dict(parse_arm(spec) for spec in args.arm)
+        study = seed_study(records, arms, reference=args.reference, warm_start=args.warm_start)
+    except ValueError as e:
+        raise SystemExit(f"--arm: {e}") from None
+    print(study_markdown(study))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(study, indent=1) + "\n")
 
 
 if __name__ == "__main__":

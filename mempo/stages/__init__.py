@@ -5,6 +5,7 @@
     eval      checkpoints x agents x N on the same held-out tasks              mempo.stages.evaluate
     demo      the embedded default: warm start, RL, evaluation (``DEMO``)      mempo.stages.demo
     headline  MemPO vs GRPO vs a ReAct agent as N grows                        mempo.stages.headline
+    study     arms x seeds of RL from one warm start, the seed-level report    mempo.stages.study
 
 A composed stage (demo, headline) is a list of ``Step``s run by ``run_steps``: each step is another stage run with
 a few keys overridden, in its own folder of run_dir. A step that trains a policy is reused when it finished earlier
@@ -140,4 +141,4 @@ def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any
 
 
 # Register the stages (each module decorates its functions with @stage).
-from mempo.stages import demo, evaluate, headline, train  # noqa: E402, F401
+from mempo.stages import demo, evaluate, headline, study, train  # noqa: E402, F401

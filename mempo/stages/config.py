@@ -5,12 +5,13 @@ Each group's dataclass is the code's own parameter object, defined beside the co
 structured schema Hydra's composed YAML is merged into: a key that does not exist is an error naming the full key,
 a value of the wrong type is an error naming key and value, and every range and choice check runs in the group's
 own ``__post_init__`` -- all before any model loads. The groups defined here are the orchestration's own (trainer,
-logger, ckpt, headline, demo). Field defaults are the defaults; YAML group options state only their deltas from them
-(tests/test_config_contract.py holds both to that). Keys repeat the keyword names of the functions they feed.
+logger, ckpt, headline, demo, study). Field defaults are the defaults; YAML group options state only their deltas
+from them (tests/test_config_contract.py holds both to that). Keys repeat the keyword names of the functions they feed.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from mempo.stages.plan import PlanConfig
 from mempo.stages.rundir import register_resolver
 
 LOGGERS = ("csv", "wandb")
-STAGES = ("rl", "sft", "eval", "demo", "headline")  # mempo.stages
+STAGES = ("rl", "sft", "eval", "demo", "headline", "study")  # mempo.stages
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,54 @@ class DemoConfig:
         )
 
 
+def default_study_arms() -> dict[str, Any]:
+    """The study's arms: the ablation (GRPO with the memory format) and MemPO, on the same recipe."""
+    return {"ablation": {"memory": {"alpha": 0.0}}, "mempo": {"memory": {"alpha": 1.0}}}
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The ``study`` stage (``+exp=study``, ``mempo.stages.study``): arms x seeds of RL from one warm start, one
+    evaluation of every final checkpoint and the warm start, and the seed-level report.
+
+    warm_start: HF folder of the warm start every arm starts from; null = <run_dir>/warm_start/hf, trained when
+      missing (the demo's warm start).
+    recipe: the experiment (``experiments/configs/exp/<recipe>.yaml``) whose keys every arm applies on top of the
+      run's config, but trainer.max_steps (the study's budget) and eval.every_n_steps (no in-training validation);
+      null = the run's config as is.
+    arms: arm -> its config delta on top of the recipe (nested keys, e.g. {memory: {alpha: 1.0}}; {} = the recipe).
+    reference: the arm every other arm is compared with.
+    seeds: the RL seeds of every arm (K = their number), fixed before the study runs; arms pair by seed.
+    """
+
+    warm_start: str | None = None
+    recipe: str | None = "grpo_cpu"
+    arms: dict[str, Any] = field(default_factory=default_study_arms)
+    reference: str = "ablation"
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+
+    def __post_init__(self) -> None:
+        exists = self.recipe is None or (CONFIG_DIR / "exp" / f"{self.recipe}.yaml").is_file()
+        arms = dict(self.arms)
+        require(
+            "study",
+            self,
+            [
+                ("recipe", exists, f"must be null or the name of a file in {CONFIG_DIR / 'exp'}"),
+                ("arms", len(arms) >= 1, "must name at least one arm"),
+                (
+                    "arms",
+                    all(re.fullmatch(r"[A-Za-z0-9_-]+", str(a)) and a != "warm_start" for a in arms),
+                    "arm names are folder names: letters, digits, _ and - (and not warm_start)",
+                ),
+                ("arms", all(v is None or hasattr(v, "items") for v in arms.values()), "each arm must be a mapping"),
+                ("reference", self.reference in arms, f"must be one of the arms {sorted(arms)}"),
+                ("seeds", len(self.seeds) >= 1, "must hold at least one seed"),
+                ("seeds", len(set(self.seeds)) == len(self.seeds), "must not repeat a seed"),
+            ],
+        )
+
+
 def exp_delta(name: str | None) -> dict[str, Any]:
     """The dotted keys ``experiments/configs/exp/<name>.yaml`` sets, less ``name`` and ``stage`` ({} for None)."""
     if name is None:
@@ -230,6 +279,7 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     headline: HeadlineConfig = field(default_factory=HeadlineConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)  # experiments/plan.py
 
     def __post_init__(self) -> None:
@@ -263,9 +313,9 @@ def check_paths(cfg: DictConfig) -> None:
     """Inputs that must exist, each error naming the key (called by ``run_stage`` and ``fit_rl`` before any model
     loads; not by ``validate_config``, so configs for another machine still compose here):
     model.name_or_path (an embedded name, a model folder, or an owner/name hub id), env.corpus, the data files
-    of data.source=qa_files, sft.trajectories, and the headline's warm-start folders when set. Real data searched
-    in the synthetic world's corpus (data.source=qa_files, env=bm25, env.corpus=null) is refused too: every reward
-    would be about 0 and nothing would say why."""
+    of data.source=qa_files, sft.trajectories, and the headline's and the study's warm-start folders when set.
+    Real data searched in the synthetic world's corpus (data.source=qa_files, env=bm25, env.corpus=null) is refused
+    too: every reward would be about 0 and nothing would say why."""
     if cfg.data.source != "synthetic" and cfg.env.retriever == "bm25" and not cfg.env.corpus:
         raise ValueError(
             f"config keys data.source={cfg.data.source} with env.retriever=bm25 and env.corpus=null: the questions "
@@ -282,7 +332,7 @@ def check_paths(cfg: DictConfig) -> None:
     for key, f in files:
         if f is not None and not Path(f).is_file():
             raise FileNotFoundError(f"config key {key}={f!r}: no such file")
-    for key in ("headline.warm_start", "headline.react_warm_start"):
+    for key in ("headline.warm_start", "headline.react_warm_start", "study.warm_start"):
         folder = OmegaConf.select(cfg, key)
         if folder is not None and not (Path(folder) / "config.json").is_file():
             raise FileNotFoundError(f"config key {key}={folder!r}: not a model folder (no config.json in it)")

@@ -133,6 +133,8 @@ def run_eval(
     if cfg.logger.kind == "wandb":
         log_to_wandb(cfg, total, files)
     result = {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()}}
+    if total.failures:  # verdict tallies per checkpoint x agent x N (synthetic data), for composed stages (study)
+        result["failures"] = total.failures
     if total.source_rows:  # tasks of several data_sources (a single-source run's summary is as before)
         result["source_rows"] = total.source_rows
     return result

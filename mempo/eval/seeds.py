@@ -1,0 +1,238 @@
+"""Seed-level comparisons of arms: each arm a group of evaluated checkpoints, one per RL seed, all scored on the same
+held-out tasks (one evaluation: ``mempo.stages.study``, or ``python -m mempo.eval.report --arm``).
+
+A comparison of arm B against arm A (or against the warm start, one checkpoint standing for every seed) pairs B's
+run of seed s with A's run of seed s, and within that pair B's score on task t with A's on task t. Each seed gives
+one paired difference, the mean over its tasks of B - A; the evidence is those K differences:
+
+    t-interval     mean +- t_{K-1} * sd / sqrt(K) over the per-seed differences: the interval the verdict reads
+    bootstrap      two-level: seeds resampled, then tasks within each drawn seed (beside it; with 2-3 seeds it is
+                   too narrow: 3 seeds give 10 distinct resamples of seeds)
+    verdict        "above 0" | "below 0" | "includes 0", from the t-interval
+
+The tasks-only intervals of ``interval_table`` (and ``--mean``) hold the seeds fixed and so leave out the spread
+between RL seeds, the largest source of variance here (docs/reviews/rl-signal.md, D1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mempo.eval.stats import t_interval, two_level_bootstrap, verdict
+
+Scores = Mapping[int, Mapping[str, float]]  # seed -> task_id -> a per-task value (EM or F1)
+METRICS = ("em", "f1")
+
+
+def paired_differences(a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "b")) -> dict[int, list[float]]:
+    """seed -> [b - a on each task] (tasks in sorted order), pairing runs by seed and scores by task id. Both must
+    hold the same seeds, and each seed the same tasks in both: otherwise a ValueError naming what differs."""
+    if set(a) != set(b):
+        raise ValueError(f"{names[1]} - {names[0]}: seeds {sorted(b)} against {sorted(a)}; arms pair by seed")
+    out = {}
+    for s in sorted(a):
+        if set(a[s]) != set(b[s]):
+            only = sorted(set(a[s]) ^ set(b[s]))[:3]
+            raise ValueError(f"{names[1]} - {names[0]}, seed {s}: not the same tasks (e.g. {only}); pairs by task")
+        out[s] = [float(b[s][t]) - float(a[s][t]) for t in sorted(a[s])]
+    return out
+
+
+def compare(
+    a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "b"), level: float = 0.95, n_resamples: int = 10_000
+) -> dict[str, Any]:
+    """B - A over seeds -> {"seeds", "tasks" (per seed), "per_seed" (the paired differences), "mean",
+    "t_interval" ([low, high], df = K - 1; None for one seed), "bootstrap" ([low, high], two-level), "verdict"}."""
+    diffs = paired_differences(a, b, names=names)
+    seeds = list(diffs)
+    per_seed = [float(np.mean(diffs[s])) for s in seeds]
+    mean, boot_lo, boot_hi = two_level_bootstrap([diffs[s] for s in seeds], level=level, n_resamples=n_resamples)
+    out: dict[str, Any] = {
+        "seeds": seeds,
+        "tasks": [len(diffs[s]) for s in seeds],
+        "per_seed": per_seed,
+        "mean": mean,
+        "t_interval": None,
+        "bootstrap": [boot_lo, boot_hi],
+        "verdict": "one seed: no interval",
+        "level": level,
+    }
+    if len(seeds) >= 2:
+        _, lo, hi = t_interval(per_seed, level=level)
+        out |= {"t_interval": [lo, hi], "verdict": verdict(lo, hi)}
+    return out
+
+
+def checkpoint_scores(records: Sequence[Mapping[str, Any]], label: str, *, agent: str, n: int, metric: str) -> dict:
+    """task_id -> ``metric`` of checkpoint ``label``'s records at (agent, N); a ValueError when it has none."""
+    out = {
+        r["task_id"]: float(r[metric])
+        for r in records
+        if r["checkpoint"] == label and r["agent"] == agent and r["objectives"] == n
+    }
+    if not out:
+        raise ValueError(f"checkpoint {label!r}: no records at agent={agent}, N={n} in the evaluations given")
+    return out
+
+
+def seed_study(
+    records: Sequence[Mapping[str, Any]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    reference: str | None = None,
+    warm_start: str | None = None,
+    agent: str = "memory",
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """The seed-level report of ``arms`` (arm -> seed -> checkpoint label in ``records``, results.jsonl's rows),
+    per N: per arm its seeds, per-seed EM and F1 and the seed means; per comparison (every other arm against
+    ``reference``, the first arm when None; every arm against ``warm_start``, a label, when given) ``compare``'s
+    result per metric. -> the dict ``study.json`` holds."""
+    if not arms:
+        raise ValueError("seed_study: no arms")
+    reference = next(iter(arms)) if reference is None else reference
+    if reference not in arms:
+        raise ValueError(f"reference arm {reference!r} is not among the arms {list(arms)}")
+    ns = sorted({r["objectives"] for r in records if r["agent"] == agent})
+    if not ns:
+        raise ValueError(f"no records of agent={agent} in the evaluations given")
+    out: dict[str, Any] = {"agent": agent, "objectives": ns, "reference": reference, "warm_start": None, "arms": {}}
+    scores: dict[tuple[str, int, str], dict[int, dict[str, float]]] = {}  # (arm, N, metric) -> Scores
+    for arm, labels in arms.items():
+        entry: dict[str, Any] = {"seeds": sorted(labels), "checkpoints": {str(s): labels[s] for s in sorted(labels)}}
+        for n in ns:
+            for m in METRICS:
+                got = {s: checkpoint_scores(records, labels[s], agent=agent, n=n, metric=m) for s in sorted(labels)}
+                scores[(arm, n, m)] = got
+                per_seed = [float(np.mean(list(v.values()))) for v in got.values()]
+                entry.setdefault("by_n", {}).setdefault(str(n), {})[m] = {
+                    "per_seed": per_seed,
+                    "mean": float(np.mean(per_seed)),
+                }
+        out["arms"][arm] = entry
+    pairs = [(arm, reference) for arm in arms if arm != reference]
+    if warm_start is not None:
+        ws = {(n, m): checkpoint_scores(records, warm_start, agent=agent, n=n, metric=m) for n in ns for m in METRICS}
+        out["warm_start"] = {
+            "checkpoint": warm_start,
+            "by_n": {str(n): {m: float(np.mean(list(ws[(n, m)].values()))) for m in METRICS} for n in ns},
+        }
+        pairs += [(arm, "warm_start") for arm in arms]
+    comparisons = []
+    for arm, against in pairs:
+        for n in ns:
+            row: dict[str, Any] = {"arm": arm, "against": against, "N": n}
+            for m in METRICS:
+                b = scores[(arm, n, m)]
+                a = {s: ws[(n, m)] for s in b} if against == "warm_start" else scores[(against, n, m)]
+                row[m] = compare(a, b, names=(against, arm), level=level)
+            comparisons.append(row)
+    out["comparisons"] = comparisons
+    return out
+
+
+def study_markdown(study: Mapping[str, Any]) -> str:
+    """Two markdown tables of a ``seed_study``: the arms (per-seed EM and F1, seed means), then the comparisons
+    (per-seed paired differences, their mean, the t-interval, the two-level bootstrap, the verdict)."""
+    from mempo.eval.report import markdown_table
+
+    def nums(xs: Sequence[float]) -> str:
+        return ", ".join(f"{x:+.3f}" if x < 0 else f"{x:.3f}" for x in xs)
+
+    arm_rows = []
+    for arm, e in study["arms"].items():
+        for n, by in e["by_n"].items():
+            arm_rows.append({
+                "arm": arm, "N": n, "seeds": ", ".join(map(str, e["seeds"])),
+                "EM per seed": nums(by["em"]["per_seed"]), "EM seed mean": by["em"]["mean"],
+                "F1 per seed": nums(by["f1"]["per_seed"]), "F1 seed mean": by["f1"]["mean"],
+            })  # fmt: skip
+    if study.get("warm_start"):
+        for n, by in study["warm_start"]["by_n"].items():
+            row = {"arm": f"warm start ({study['warm_start']['checkpoint']})", "N": n, "seeds": "(one checkpoint)"}
+            arm_rows.append(
+                row | {"EM per seed": "", "EM seed mean": by["em"], "F1 per seed": "", "F1 seed mean": by["f1"]}
+            )
+    cols = ["arm", "N", "seeds", "EM per seed", "EM seed mean", "F1 per seed", "F1 seed mean"]
+    diff_rows = []
+    for c in study["comparisons"]:
+        for m in METRICS:
+            r = c[m]
+            t = f"[{r['t_interval'][0]:.3f}, {r['t_interval'][1]:.3f}]" if r["t_interval"] else "(one seed)"
+            diff_rows.append({
+                "comparison": f"{c['arm']} - {c['against']}", "N": c["N"], "metric": m.upper(),
+                "per-seed differences": nums(r["per_seed"]), "mean": r["mean"],
+                f"t-interval (df={len(r['seeds']) - 1})": t,
+                "two-level bootstrap": f"[{r['bootstrap'][0]:.3f}, {r['bootstrap'][1]:.3f}]",
+                "verdict": r["verdict"],
+            })  # fmt: skip
+    k = len(next(iter(study["arms"].values()))["seeds"])
+    diff_cols = ["comparison", "N", "metric", "per-seed differences", "mean", f"t-interval (df={k - 1})",
+                 "two-level bootstrap", "verdict"]  # fmt: skip
+    note = (
+        "Paired by seed and task: intervals over the per-seed differences (t, df = K - 1: the verdict) and a "
+        "two-level bootstrap (seeds, then tasks within each seed; too narrow with few seeds)."
+    )
+    out = [markdown_table(arm_rows, cols)]
+    if diff_rows:
+        out += ["", note, "", markdown_table(diff_rows, diff_cols)]
+    return "\n".join(out)
+
+
+def parse_arm(spec: str) -> tuple[str, dict[int, str]]:
+    """``NAME=SEED:LABEL,SEED:LABEL`` (``--arm``) -> (NAME, seed -> checkpoint label)."""
+    name, sep, rest = spec.partition("=")
+    pairs = [p.partition(":") for p in rest.split(",") if p]
+    if not sep or not name or not pairs or any(not c or not s.strip().lstrip("-").isdigit() for s, c, _ in pairs):
+        raise ValueError(f"--arm {spec!r}: expected NAME=SEED:LABEL,SEED:LABEL (e.g. mempo=0:mempo_s0,1:mempo_s1)")
+    labels = {int(s): label for s, _, label in pairs}
+    if len(labels) != len(pairs):
+        raise ValueError(f"--arm {spec!r}: a seed given twice")
+    return name, labels
+
+
+def turns_and_failures(
+    records: Sequence[Mapping[str, Any]],
+    failures: Sequence[Mapping[str, Any]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    agent: str = "memory",
+) -> dict[str, Any]:
+    """Per arm (and checkpoint label, e.g. the warm start, given as an arm of one seed) and N: the mean turns per
+    task of each seed and their mean, and the failure verdicts (``mempo.eval.failures``) summed over its seeds
+    (``failures``: an evaluation's tally rows; none for data without reasoning chains)."""
+    from mempo.eval.failures import VERDICTS
+
+    out: dict[str, Any] = {}
+    for arm, labels in arms.items():
+        for n in sorted({r["objectives"] for r in records if r["agent"] == agent}):
+            turns = [
+                float(np.mean([float(r["turns"]) for r in records
+                               if r["checkpoint"] == labels[s] and r["agent"] == agent and r["objectives"] == n]))
+                for s in sorted(labels)
+            ]  # fmt: skip
+            tallies = [f for f in failures if f["checkpoint"] in set(labels.values()) and f["agent"] == agent
+                       and f["objectives"] == n]  # fmt: skip
+            entry: dict[str, Any] = {"turns_per_seed": turns, "turns": float(np.mean(turns))}
+            if tallies:
+                entry["verdicts"] = {v: int(sum(f[v] for f in tallies)) for v in VERDICTS}
+            out.setdefault(arm, {})[str(n)] = entry
+    return out
+
+
+def turns_and_failures_markdown(table: Mapping[str, Any]) -> str:
+    """One row per arm and N: turns per task (per seed, mean) and the failure verdicts summed over seeds."""
+    from mempo.eval.failures import VERDICTS
+    from mempo.eval.report import markdown_table
+
+    rows = [
+        {"arm": arm, "N": n, "turns per seed": ", ".join(f"{t:.2f}" for t in e["turns_per_seed"]), "turns": e["turns"]}
+        | e.get("verdicts", {})
+        for arm, by_n in table.items()
+        for n, e in by_n.items()
+    ]
+    verdicts = [v for v in VERDICTS if any(v in r for r in rows)]
+    return markdown_table(rows, ["arm", "N", "turns per seed", "turns", *verdicts])

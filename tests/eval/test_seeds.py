@@ -1,0 +1,178 @@
+"""Seed-level statistics (mempo.eval.stats, mempo.eval.seeds): the t-interval over per-seed paired differences and
+the two-level bootstrap, against values worked out by hand or enumerated exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mempo.eval.report import MEAN_FIELDS, interval_table, main, mean_checkpoint
+from mempo.eval.seeds import compare, paired_differences, parse_arm, seed_study, study_markdown
+from mempo.eval.stats import t_interval, t_quantile, two_level_bootstrap, verdict
+
+
+def test_t_quantiles_are_the_printed_ones_and_the_expansion_continues_them() -> None:
+    # Printed tables (two-sided 95%): df 1, 2, 3, 10, 30, 40, 120 -> 12.706, 4.303, 3.182, 2.228, 2.042, 2.021, 1.980
+    for df, printed in ((1, 12.706), (2, 4.303), (3, 3.182), (10, 2.228), (30, 2.042), (40, 2.021), (120, 1.980)):
+        assert t_quantile(df) == pytest.approx(printed, abs=6e-4)
+    assert t_quantile(1, 0.99) == pytest.approx(63.657, abs=1e-3) and t_quantile(4, 0.90) == pytest.approx(
+        2.132, abs=1e-3
+    )
+    assert t_quantile(30) > t_quantile(31) > t_quantile(1000) > 1.96
+    with pytest.raises(ValueError, match="level must be one of"):
+        t_quantile(3, 0.8)
+
+
+def test_t_interval_by_hand() -> None:
+    # [0.1, 0.3, 0.2]: mean 0.2, sd 0.1, se 0.1 / sqrt(3); t_{0.975, 2} = 4.3027 -> 0.2 +- 0.24841
+    mean, low, high = t_interval([0.1, 0.3, 0.2])
+    half = 4.3027 * 0.1 / math.sqrt(3)
+    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - half) and high == pytest.approx(0.2 + half)
+    assert verdict(low, high) == "includes 0" and verdict(0.01, 0.2) == "above 0" and verdict(-0.3, -0.1) == "below 0"
+    with pytest.raises(ValueError, match="at least two values"):
+        t_interval([0.5])
+
+
+def test_the_two_level_bootstrap_resamples_seeds() -> None:
+    """Constant within each seed, so only the seeds vary. Seeds 0 and 1: a resample's mean is 0, 0.5 or 1 with
+    probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5% points are exactly 0 and 1. Seeds 0, 0.3, 0.6: the 27
+    equally likely resamples reach 0 and 0.6 once each (1/27 = 3.7% > 2.5%): exactly [0, 0.6]."""
+    assert two_level_bootstrap([[0.0] * 5, [1.0] * 5]) == (0.5, 0.0, 1.0)
+    mean, low, high = two_level_bootstrap([[0.0] * 4, [0.3] * 4, [0.6] * 4])
+    assert (mean, low, high) == pytest.approx((0.3, 0.0, 0.6))
+
+
+def test_the_two_level_bootstrap_resamples_tasks_within_each_seed() -> None:
+    """Two seeds with the same tasks {0, 1}: resampling seeds alone would give [0.5, 0.5]. With tasks resampled
+    within each seed a seed's mean is 0 with probability 1/4, the pair's mean 0 with 1/16 = 6.25%: [0, 1]."""
+    assert two_level_bootstrap([[0.0, 1.0], [0.0, 1.0]]) == (0.5, 0.0, 1.0)
+    assert two_level_bootstrap([[0.0, 1.0]]) == (0.5, 0.0, 1.0)  # one seed: the tasks' bootstrap
+
+
+def _scores(per_seed: dict[int, list[float]], order: int = 1) -> dict[int, dict[str, float]]:
+    """seed -> task_id -> value, tasks inserted in order (1) or reversed (-1)."""
+    return {s: dict(list({f"t{i}": v for i, v in enumerate(vals)}.items())[::order]) for s, vals in per_seed.items()}
+
+
+def test_pairing_by_seed_and_task_removes_the_seeds_spread() -> None:
+    """B is A + 0.1 on every task of every seed, while A's seeds lie far apart (means 0.2, 0.5, 0.7) and so do
+    the tasks within a seed: paired, each seed's difference is exactly 0.1 and so are both intervals; unpaired, the
+    seeds' spread (t-interval) or the tasks' (bootstrap) would swamp it."""
+    a = _scores({0: [0.0, 0.4], 1: [0.3, 0.7], 2: [0.5, 0.9]})
+    b = _scores({2: [0.6, 1.0], 0: [0.1, 0.5], 1: [0.4, 0.8]}, order=-1)  # other seed and task order
+    got = compare(a, b)
+    assert got["seeds"] == [0, 1, 2] and got["tasks"] == [2, 2, 2]
+    assert got["per_seed"] == pytest.approx([0.1, 0.1, 0.1]) and got["mean"] == pytest.approx(0.1)
+    assert got["t_interval"] == pytest.approx([0.1, 0.1]) and got["bootstrap"] == pytest.approx([0.1, 0.1])
+    assert got["verdict"] == "above 0"
+
+
+def test_the_paired_difference_of_each_seed_by_hand() -> None:
+    a = _scores({0: [0, 1, 0, 1], 1: [1, 1, 0, 0]})
+    b = _scores({0: [1, 1, 1, 1], 1: [0, 1, 0, 0]})
+    # seed 0: +1 on t0 and t2 -> 0.5; seed 1: -1 on t0 -> -0.25; t over [0.5, -0.25] (df 1): 0.125 +- 12.7062 *
+    # 0.53033 / sqrt(2) = 0.125 +- 4.76483
+    got = compare(a, b)
+    assert got["per_seed"] == pytest.approx([0.5, -0.25])
+    half = 12.7062 * math.sqrt(((0.5 - 0.125) ** 2 + (-0.25 - 0.125) ** 2) / 1) / math.sqrt(2)
+    assert got["t_interval"] == pytest.approx([0.125 - half, 0.125 + half]) and got["verdict"] == "includes 0"
+    with pytest.raises(ValueError, match=r"seeds \[0\] against \[0, 1\]"):
+        paired_differences(a, {0: b[0]})
+    with pytest.raises(ValueError, match="seed 1: not the same tasks"):
+        paired_differences(a, {0: b[0], 1: {"t0": 1.0}})
+
+
+def _records(label: str, ems: list[float], n: int = 2) -> list[dict]:
+    zeros = dict.fromkeys(MEAN_FIELDS, 0.0)  # the fields --mean averages (turns, tokens, ...)
+    return [
+        {"checkpoint": label, "agent": "memory", "objectives": n, "task_id": f"t{i}"} | zeros | {"em": e, "f1": e}
+        for i, e in enumerate(ems)
+    ]
+
+
+# Three seeds, 40 tasks, EM. Against the ablation, MemPO's seed 0 wins tasks t0-t9 (+0.25), seed 1 wins t0-t3
+# (+0.10), seed 2 loses t38-t39 (-0.05).
+SEED_DIFFS = {0: range(0, 10), 1: range(0, 4), 2: range(38, 40)}
+
+
+def _study_records() -> list[dict]:
+    recs = []
+    for s, won in SEED_DIFFS.items():
+        base = [0.0] * 38 + [1.0, 1.0]
+        recs += _records(f"ablation_s{s}", base)
+        recs += _records(f"mempo_s{s}", [1.0 if i in won and i < 38 else 0.0 if i >= 38 and s == 2 else b
+                                         for i, b in enumerate(base)])  # fmt: skip
+    return recs + _records("warm", [0.0] * 40)
+
+
+def test_a_tasks_only_interval_excludes_0_where_the_seed_level_one_does_not() -> None:
+    recs = _study_records()
+    # The tasks-only way (--mean): per task the mean over seeds, then a bootstrap over tasks with the seeds fixed.
+    # Per task: t0-t3 +2/3, t4-t9 +1/3, t38-t39 -1/3, else 0: mean 0.1, per-task SD 0.238, interval about
+    # 0.1 +- 0.074, above 0.
+    rows, means = [], []
+    for arm in ("ablation", "mempo"):
+        r, m = mean_checkpoint(recs, arm, [f"{arm}_s{s}" for s in SEED_DIFFS])
+        rows, means = rows + r, means + m
+    line = next(x for x in interval_table(rows, means).splitlines() if x.startswith("| mempo - ablation"))
+    assert "| 0.100 [0.0" in line and "excludes 0" in line
+    # Seed level: per-seed differences 0.25, 0.10, -0.05 -> mean 0.1, sd 0.15, t_{0.975, 2} = 4.3027:
+    # 0.1 +- 0.37262 -> [-0.27262, 0.47262], includes 0.
+    study = seed_study(recs, {a: {s: f"{a}_s{s}" for s in SEED_DIFFS} for a in ("ablation", "mempo")})
+    (c,) = study["comparisons"]
+    half = 4.3027 * 0.15 / math.sqrt(3)
+    assert c["em"]["per_seed"] == pytest.approx([0.25, 0.10, -0.05])
+    assert c["em"]["t_interval"] == pytest.approx([0.1 - half, 0.1 + half], abs=1e-4)
+    assert c["em"]["verdict"] == "includes 0"
+
+
+def test_seed_study_holds_every_arm_and_comparison() -> None:
+    arms = {"ablation": {s: f"ablation_s{s}" for s in SEED_DIFFS}, "mempo": {s: f"mempo_s{s}" for s in SEED_DIFFS}}
+    study = seed_study(_study_records(), arms, reference="ablation", warm_start="warm")
+    assert study["objectives"] == [2] and study["reference"] == "ablation"
+    assert study["arms"]["ablation"]["seeds"] == [0, 1, 2]
+    assert study["arms"]["mempo"]["by_n"]["2"]["em"]["per_seed"] == pytest.approx([0.3, 0.15, 0.0])
+    assert study["arms"]["mempo"]["by_n"]["2"]["em"]["mean"] == pytest.approx(0.15)
+    assert study["warm_start"]["by_n"]["2"] == {"em": 0.0, "f1": 0.0}
+    pairs = [(c["arm"], c["against"]) for c in study["comparisons"]]
+    assert pairs == [("mempo", "ablation"), ("ablation", "warm_start"), ("mempo", "warm_start")]
+    vs_warm = study["comparisons"][1]["em"]  # the ablation's seeds are 0.05 above the warm start, each
+    assert vs_warm["per_seed"] == pytest.approx([0.05] * 3) and vs_warm["verdict"] == "above 0"
+    text = study_markdown(study)
+    assert "| mempo - ablation | 2 | EM | 0.250, 0.100, -0.050 | 0.100 | [-0.273, 0.473] |" in text
+    with pytest.raises(ValueError, match="reference arm 'grpo' is not among"):
+        seed_study(_study_records(), arms, reference="grpo")
+    with pytest.raises(ValueError, match="checkpoint 'nope': no records"):
+        seed_study(_study_records(), {"x": {0: "nope"}})
+
+
+def test_the_report_cli_seed_level_mode(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _study_records()))
+    arms = [f"--arm={a}=" + ",".join(f"{s}:{a}_s{s}" for s in SEED_DIFFS) for a in ("ablation", "mempo")]
+    main([str(tmp_path), *arms, "--warm-start", "warm", "--json", str(tmp_path / "study.json")])
+    assert "| mempo - ablation | 2 | EM | 0.250, 0.100, -0.050 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "study.json").read_text())["comparisons"][0]["em"]["verdict"] == "includes 0"
+    assert parse_arm("mempo=0:a,1:b") == ("mempo", {0: "a", 1: "b"})
+    with pytest.raises(ValueError, match="expected NAME=SEED:LABEL"):
+        parse_arm("mempo=a,b")
+    with pytest.raises(SystemExit, match="--arm: reference arm 'x'"):
+        main([str(tmp_path), *arms, "--reference", "x"])
+
+
+def test_turns_and_failures_per_arm_by_hand() -> None:
+    from mempo.eval.failures import VERDICTS
+    from mempo.eval.seeds import turns_and_failures, turns_and_failures_markdown
+
+    recs = [{"checkpoint": c, "agent": "memory", "objectives": 2, "task_id": f"t{i}", "turns": t}
+            for c, ts in (("a0", [3, 5]), ("a1", [4, 4]), ("w", [6, 6])) for i, t in enumerate(ts)]  # fmt: skip
+    zero = dict.fromkeys(VERDICTS, 0)
+    fails = [{"checkpoint": c, "agent": "memory", "objectives": 2} | zero | {"correct": k, "wrong_query": 4 - k}
+             for c, k in (("a0", 3), ("a1", 1), ("w", 2))]  # fmt: skip
+    got = turns_and_failures(recs, fails, {"warm_start": {0: "w"}, "a": {0: "a0", 1: "a1"}})
+    assert got["a"]["2"]["turns_per_seed"] == [4.0, 4.0] and got["a"]["2"]["turns"] == 4.0
+    assert got["a"]["2"]["verdicts"]["correct"] == 4 and got["a"]["2"]["verdicts"]["wrong_query"] == 4
+    assert got["warm_start"]["2"]["turns"] == 6.0 and got["warm_start"]["2"]["verdicts"]["correct"] == 2
+    assert "| a | 2 | 4.00, 4.00 | 4.000 | 4 | 0 | 4 |" in turns_and_failures_markdown(got)

@@ -1,0 +1,131 @@
+"""The ``study`` stage: its arm-seed configs (read off exp/study.yaml, exp/grpo_cpu.yaml and config.yaml by hand),
+its expected time, what it does with a run folder it finds, and a tiny study end to end (``+exp=study
++debug=default``: 2 arms x 2 seeds of the tiny model, each its own experiments/run.py process) whose study.json is
+checked for structure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import mempo.stages.study as study_stage
+from mempo.stages import run_stage
+from mempo.stages.config import check_paths, compose_config
+from mempo.stages.demo import DEMO_RATES
+from mempo.stages.study import arm_seed_configs, expected_seconds, run_arm_seed
+
+
+def test_every_arm_seed_runs_the_recipe_with_its_delta_and_the_studys_budget(tmp_path: Path) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    runs = arm_seed_configs(cfg)
+    assert list(runs) == [("ablation", 0), ("ablation", 1), ("ablation", 2), ("mempo", 0), ("mempo", 1), ("mempo", 2)]
+    for (arm, seed), c in runs.items():
+        assert c.stage == "rl" and c.seed == seed and c.run_dir == str(tmp_path / arm / f"seed{seed}")
+        assert c.model.name_or_path == str(tmp_path / "warm_start" / "hf")
+        assert c.memory.alpha == (0.0 if arm == "ablation" else 1.0)  # the arms' one difference
+        # exp/grpo_cpu.yaml's recipe: 4 tasks x G=8, top 8 layers, lr 3e-5, mean-EM reward, a checkpoint every 5
+        assert (c.data.batch_size, c.data.group_size, c.model.train_top_layers) == (4, 8, 8)
+        assert (c.optim.lr, c.reward.kind, c.ckpt.every_n_steps) == (3.0e-5, "mean_em", 5)
+        # the study's: exp/study.yaml's 6 steps (not grpo_cpu's 10), no in-training validation (not its 10)
+        assert c.trainer.max_steps == 6 and c.eval.every_n_steps == 0
+    assert cfg.eval.num_tasks == 128 and list(cfg.eval.objectives) == [2] and cfg.eval.engine_dtype == "float32"
+
+
+def test_bad_study_keys_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"study\.reference='nope' must be one of the arms"):
+        compose_config("+exp=study", "study.reference=nope")
+    with pytest.raises(ValueError, match=r"study\.seeds=\[0, 0\] must not repeat a seed"):
+        compose_config("+exp=study", "study.seeds=[0,0]")
+    with pytest.raises(ValueError, match=r"study\.arms\.mempo: its run's config is invalid: .*no_such"):
+        arm_seed_configs(compose_config("+exp=study", "+study.arms.mempo.memory.no_such=1"))
+    with pytest.raises(FileNotFoundError, match=r"study\.warm_start='.*nowhere': not a model folder"):
+        check_paths(compose_config("+exp=study", f"study.warm_start={tmp_path / 'nowhere'}"))
+
+
+def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}", "study.seeds=[0,1]", "eval.num_tasks=10")
+    r = DEMO_RATES["avx512_bf16"]
+    got = expected_seconds(cfg, arm_seed_configs(cfg), "avx512_bf16")
+    # by hand: the warm start, 96 teacher tasks each of 1 and 2 objectives; 4 runs of 6 steps x 4 tasks x G=8;
+    # 5 checkpoints x 10 two-objective tasks at the bf16 rate x 1.4 (a float32 engine)
+    ws = r["startup"] + 288 * r["sft_objective"]
+    run = r["startup"] + 192 * r["rl_rollout"]
+    ev = 5 * (r["startup"] + 20 * r["eval_objective"] * 1.4)
+    torch.testing.assert_close(
+        torch.tensor([got["warm_start"], got["runs"], got["eval"], got["total"]], dtype=torch.float64),
+        torch.tensor([ws, 4 * run, ev, ws + 4 * run + ev], dtype=torch.float64),
+    )
+
+
+@pytest.mark.parametrize(
+    ("holds", "expected"),
+    [
+        ((), ("new", {"resume": False, "overwrite": False})),
+        (("checkpoints/last.ckpt", "metrics.csv"), ("resumed", {"resume": True, "overwrite": False})),
+        (("metrics.csv",), ("trained", {"resume": False, "overwrite": True})),  # killed before its first checkpoint
+        (("hf/config.json",), ("reused", None)),
+    ],
+)
+def test_a_run_folder_is_reused_continued_or_started(tmp_path, monkeypatch, holds, expected) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    sub = arm_seed_configs(cfg)[("mempo", 1)]
+    folder = Path(sub.run_dir)
+    for name in holds:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("{}")
+    launched = []
+
+    def fake_launch(c) -> None:  # the process would export its policy
+        launched.append({"resume": c.resume, "overwrite": c.overwrite})
+        (folder / "hf").mkdir(parents=True, exist_ok=True)
+        (folder / "hf" / "config.json").write_text("{}")
+
+    monkeypatch.setattr(study_stage, "launch", fake_launch)
+    status = run_arm_seed(cfg, sub, "mempo seed 1")
+    assert status == ("trained" if expected[0] == "new" else expected[0])
+    assert launched == ([] if expected[1] is None else [expected[1]])
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tiny_path, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("study")
+    summary = run_stage(compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}"))
+    return run_dir, summary
+
+
+def test_a_tiny_study_writes_study_json(tiny_study) -> None:
+    run_dir, summary = tiny_study
+    got = json.loads((run_dir / "study.json").read_text())
+    assert got["design"]["seeds"] == [0, 1] and got["design"]["steps"] == 1 and got["reference"] == "ablation"
+    assert list(got["arms"]) == ["ablation", "mempo"] and got["objectives"] == [1, 2]
+    for arm in ("ablation", "mempo"):
+        assert got["arms"][arm]["seeds"] == [0, 1]
+        for n in ("1", "2"):
+            for m in ("em", "f1"):
+                by = got["arms"][arm]["by_n"][n][m]
+                assert len(by["per_seed"]) == 2 and by["mean"] == pytest.approx(sum(by["per_seed"]) / 2)
+        for seed in (0, 1):  # each arm-seed its own run folder, trained by its own process
+            assert (run_dir / arm / f"seed{seed}" / "hf" / "config.json").is_file()
+            assert (run_dir / arm / f"seed{seed}" / "study_run.yaml").is_file()
+    assert set(got["warm_start"]["by_n"]) == {"1", "2"}
+    pairs = [(c["arm"], c["against"], c["N"]) for c in got["comparisons"]]
+    assert pairs == [("mempo", "ablation", 1), ("mempo", "ablation", 2)] + [
+        (a, "warm_start", n) for a in ("ablation", "mempo") for n in (1, 2)
+    ]
+    for c in got["comparisons"]:
+        for m in ("em", "f1"):
+            r = c[m]
+            assert r["seeds"] == [0, 1] and r["tasks"] == [2, 2] and len(r["per_seed"]) == 2
+            assert r["mean"] == pytest.approx(sum(r["per_seed"]) / 2)
+            lo, hi = r["t_interval"]
+            assert lo <= r["mean"] <= hi and len(r["bootstrap"]) == 2
+            assert r["verdict"] in ("above 0", "below 0", "includes 0")
+    assert "| mempo - ablation | 1 | EM |" in (run_dir / "study.md").read_text()
+    assert set(got["behaviour"]) == {"warm_start", "ablation", "mempo"}
+    assert len(got["behaviour"]["mempo"]["2"]["turns_per_seed"]) == 2 and "verdicts" in got["behaviour"]["mempo"]["2"]
+    assert summary["status"] == {"warm_start": "trained"} | {
+        f"{a}_s{s}": "trained" for a in got["arms"] for s in (0, 1)
+    }
