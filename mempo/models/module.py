@@ -352,27 +352,26 @@ class MemPOModule(L.LightningModule):
         own tasks as drawn (advantages all 0: ``skip_no_signal`` then skips the update)."""
         if self.redraw is None:
             raise RuntimeError("data.dynamic_sampling needs a redraw stream: MemPOModule.redraw (the RL stage sets it)")
-        kept, draws, drawn = [], [first], 0
+        kept, draws, drawn, drawn_with_signal = [], [first], 0, 0
         for round in range(self.redraw_rounds + 1):
             draw = draws[-1]
             have = sum(len(g) for _, g in kept)
-            gids = groups_with_signal(draw.adv, draw.x.response_mask, draw.x.group_ids)[: wanted - have]
-            if gids:
-                kept.append((draw, gids))
-            missing = self._max_over_ranks(wanted - have - len(gids))
+            gids = groups_with_signal(draw.adv, draw.x.response_mask, draw.x.group_ids)
+            drawn_with_signal += len(gids)
+            if gids[: wanted - have]:
+                kept.append((draw, gids[: wanted - have]))
+            missing = self._max_over_ranks(max(wanted - have - len(gids), 0))
             if missing == 0 or round == self.redraw_rounds:
                 break
             tasks = self.redraw(self.batches_done, round + 1, self.global_rank, missing)
             drawn += len(tasks)
             draws.append(self._score(self.rollout(tasks, round=round + 1)))
         groups = sum(len(d.rollouts.trajectories) for d in draws) // self.group_size
-        with_signal = sum(len(g) for _, g in kept)
         metrics = {
             "rollout/redraw_rounds": float(len(draws) - 1),
             "rollout/redrawn_tasks": float(drawn),
-            "rollout/signal_groups": float(with_signal),
-            "rollout/drawn_zero_adv_groups": 1.0
-            - sum(len(groups_with_signal(d.adv, d.x.response_mask, d.x.group_ids)) for d in draws) / max(groups, 1),
+            "rollout/signal_groups": float(sum(len(g) for _, g in kept)),
+            "rollout/drawn_zero_adv_groups": 1.0 - drawn_with_signal / max(groups, 1),
         }
         return (merge_groups(kept, self.pad_id) if kept else first), metrics
 
@@ -485,10 +484,7 @@ class MemPOModule(L.LightningModule):
         """Whether the loss has a gradient: a nonzero advantage on a response token, or a KL term. Data-parallel
         ranks agree (any rank's signal counts), so they all update or all skip together."""
         local = bool(self.loss_cfg.kl_coef > 0 or adv[response_mask].ne(0).any())
-        flag = torch.tensor(float(local), device=self.device)
-        if self._world_size() > 1:
-            flag = self.trainer.strategy.reduce(flag, reduce_op="max")
-        return bool(flag > 0)
+        return self._max_over_ranks(int(local)) > 0
 
     def _no_update(self) -> dict[str, float]:
         """A step without signal: no forward, no backward, and no AdamW update. ``opt.step()`` still runs with
