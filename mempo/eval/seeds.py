@@ -134,21 +134,56 @@ def seed_study(
     return out
 
 
-def study_markdown(study: Mapping[str, Any]) -> str:
-    """Two markdown tables of a ``seed_study``: the arms (per-seed EM and F1, seed means), then the comparisons
-    (per-seed paired differences, their mean, the t-interval, the two-level bootstrap, the verdict)."""
+def _nums(xs: Sequence[float], digits: int = 3) -> str:
+    return ", ".join(f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}" for x in xs)
+
+
+def comparison_table(comparisons: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, digits: int = 3) -> str:
+    """The comparisons of a seed-level report (rows {"arm", "against", "N", metric: ``compare``'s result}) as one
+    markdown table: per-seed paired differences, their mean, the t-interval, the two-level bootstrap, the verdict. A
+    comparison that could not be made (no "mean") shows its verdict alone."""
     from mempo.eval.report import markdown_table
 
-    def nums(xs: Sequence[float]) -> str:
-        return ", ".join(f"{x:+.3f}" if x < 0 else f"{x:.3f}" for x in xs)
+    rows, dfs = [], set()
+    for c in comparisons:
+        for m in metrics:
+            r = c[m]
+            row = {"comparison": f"{c['arm']} - {c['against']}", "N": c["N"], "metric": m.upper(),
+                   "verdict": r["verdict"]}  # fmt: skip
+            if "mean" in r:
+                lo_hi = r["t_interval"]
+                dfs.add(len(r["seeds"]) - 1)
+                row |= {
+                    "per-seed differences": _nums(r["per_seed"], digits),
+                    "mean": f"{r['mean']:.{digits}f}",
+                    "t-interval": f"[{lo_hi[0]:.{digits}f}, {lo_hi[1]:.{digits}f}]" if lo_hi else "(one seed)",
+                    "two-level bootstrap": f"[{r['bootstrap'][0]:.{digits}f}, {r['bootstrap'][1]:.{digits}f}]",
+                }
+            rows.append(row)
+    t_col = f"t-interval (df={dfs.pop()})" if len(dfs) == 1 else "t-interval"
+    cols = ["comparison", "N", "metric", "per-seed differences", "mean", t_col, "two-level bootstrap", "verdict"]
+    for row in rows:
+        row[t_col] = row.pop("t-interval", "")
+        row |= {c: row.get(c, "") for c in cols}
+    note = (
+        "Paired by seed and task: intervals over the per-seed differences (t, df = K - 1: the verdict) and a "
+        "two-level bootstrap (seeds, then tasks within each seed; too narrow with few seeds)."
+    )
+    return note + "\n\n" + markdown_table(rows, cols)
+
+
+def study_markdown(study: Mapping[str, Any]) -> str:
+    """Two markdown tables of a ``seed_study``: the arms (per-seed EM and F1, seed means), then the comparisons
+    (``comparison_table``)."""
+    from mempo.eval.report import markdown_table
 
     arm_rows = []
     for arm, e in study["arms"].items():
         for n, by in e["by_n"].items():
             arm_rows.append({
                 "arm": arm, "N": n, "seeds": ", ".join(map(str, e["seeds"])),
-                "EM per seed": nums(by["em"]["per_seed"]), "EM seed mean": by["em"]["mean"],
-                "F1 per seed": nums(by["f1"]["per_seed"]), "F1 seed mean": by["f1"]["mean"],
+                "EM per seed": _nums(by["em"]["per_seed"]), "EM seed mean": by["em"]["mean"],
+                "F1 per seed": _nums(by["f1"]["per_seed"]), "F1 seed mean": by["f1"]["mean"],
             })  # fmt: skip
     if study.get("warm_start"):
         for n, by in study["warm_start"]["by_n"].items():
@@ -157,28 +192,9 @@ def study_markdown(study: Mapping[str, Any]) -> str:
                 row | {"EM per seed": "", "EM seed mean": by["em"], "F1 per seed": "", "F1 seed mean": by["f1"]}
             )
     cols = ["arm", "N", "seeds", "EM per seed", "EM seed mean", "F1 per seed", "F1 seed mean"]
-    diff_rows = []
-    for c in study["comparisons"]:
-        for m in METRICS:
-            r = c[m]
-            t = f"[{r['t_interval'][0]:.3f}, {r['t_interval'][1]:.3f}]" if r["t_interval"] else "(one seed)"
-            diff_rows.append({
-                "comparison": f"{c['arm']} - {c['against']}", "N": c["N"], "metric": m.upper(),
-                "per-seed differences": nums(r["per_seed"]), "mean": r["mean"],
-                f"t-interval (df={len(r['seeds']) - 1})": t,
-                "two-level bootstrap": f"[{r['bootstrap'][0]:.3f}, {r['bootstrap'][1]:.3f}]",
-                "verdict": r["verdict"],
-            })  # fmt: skip
-    k = len(next(iter(study["arms"].values()))["seeds"])
-    diff_cols = ["comparison", "N", "metric", "per-seed differences", "mean", f"t-interval (df={k - 1})",
-                 "two-level bootstrap", "verdict"]  # fmt: skip
-    note = (
-        "Paired by seed and task: intervals over the per-seed differences (t, df = K - 1: the verdict) and a "
-        "two-level bootstrap (seeds, then tasks within each seed; too narrow with few seeds)."
-    )
     out = [markdown_table(arm_rows, cols)]
-    if diff_rows:
-        out += ["", note, "", markdown_table(diff_rows, diff_cols)]
+    if study["comparisons"]:
+        out += ["", comparison_table(study["comparisons"], METRICS)]
     return "\n".join(out)
 
 

@@ -170,6 +170,8 @@ class StudyConfig:
     arms: arm -> its config delta on top of the recipe (nested keys, e.g. {memory: {alpha: 1.0}}; {} = the recipe).
     reference: the arm every other arm is compared with.
     seeds: the RL seeds of every arm (K = their number), fixed before the study runs; arms pair by seed.
+    memory_scores: score every evaluated memory by P(gold | question, memory) under the warm start, one fixed scorer
+      for all arms (``mempo.eval.memory_scores``: memory_scores.csv/.md/.png and study.json's "memory_scores").
     """
 
     warm_start: str | None = None
@@ -177,6 +179,7 @@ class StudyConfig:
     arms: dict[str, Any] = field(default_factory=default_study_arms)
     reference: str = "ablation"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    memory_scores: bool = True
 
     def __post_init__(self) -> None:
         exists = self.recipe is None or (CONFIG_DIR / "exp" / f"{self.recipe}.yaml").is_file()

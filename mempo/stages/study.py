@@ -9,17 +9,22 @@ as the unit of evidence (``mempo.eval.seeds``; docs/reviews/rl-signal.md, D1-D3)
                  continued with resume=true from its checkpoint)
     evaluation   the warm start and every final checkpoint in one evaluation on the same held-out tasks
                  (eval.num_tasks x eval.objectives; exp/study.yaml: 128 two-question tasks, a float32 engine)
+                 (reused when a study is run again with the same config and checkpoints: eval/study_eval.json)
+    memory scores every memory the evaluation's memory agents wrote, scored by P(gold | question, memory) under the
+                 warm start, one fixed scorer for every arm (study.memory_scores; ``mempo.eval.memory_scores``)
     report       per arm its seeds' EM and F1; per comparison (every arm against study.reference, every arm against
                  the warm start) the per-seed paired differences, the t-interval over them (df = K - 1), the
-                 two-level bootstrap beside it and the verdict; per arm its turns per task and failure verdicts
+                 two-level bootstrap beside it and the verdict; the same for the memory scores; per arm its turns
+                 per task and failure verdicts
 
 K (study.seeds) and the steps are the config's, fixed before the study runs. Outputs: <run_dir>/study.md (the
-tables), study.json (``mempo.eval.seeds.seed_study`` plus the design and timings), summary.json, eval/ (the
-evaluation's full report), and each arm-seed's run folder.
+tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), summary.json,
+memory_scores.csv/.png, eval/ (the evaluation's full report), and each arm-seed's run folder.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,15 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mempo.core.base import atomic_write_text, write_json
+from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
+from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study
 from mempo.eval.report import read_records
 from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, turns_and_failures_markdown
+from mempo.lm.loading import load_policy
+from mempo.lm.scoring import memory_answer_probabilities
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
-from mempo.stages.builders import run_path
-from mempo.stages.config import CONFIG_DIR, cpu_has_bf16, exp_delta, require_eval_task_count
+from mempo.stages.builders import build_builder, run_path
+from mempo.stages.config import CONFIG_DIR, cpu_has_bf16, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.demo import DEMO_RATES, command_line_keys
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import finished, held_outputs, run_record
@@ -46,6 +55,10 @@ REPO_ROOT = CONFIG_DIR.parents[1]
 # (a study compares the final checkpoints in one evaluation; validation would only cost time).
 STUDY_OWN_KEYS = ("trainer.max_steps", "eval.every_n_steps")
 FLOAT32_EVAL_FACTOR = 1.4  # a float32 engine against the bf16 one DEMO_RATES' AVX512-BF16 evaluation measured
+# Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
+# memories per task per objective an evaluation leaves (about 2 turns an objective), from the S1 study (docs/results.md)
+SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * 13.0 / 4.9}  # AVX2: scaled as DEMO_RATES' RL rollouts
+MEMORIES_PER_OBJECTIVE = 2.0
 
 
 def flatten(delta: Any, prefix: str = "") -> dict[str, Any]:
@@ -94,7 +107,8 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
 
 def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], kind: str) -> dict[str, float]:
     """The study's expected wall time on a 2-core CPU of ``kind`` (``DEMO_RATES``), for what is not done yet:
-    {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's), "eval", "total"}."""
+    {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's), "eval", "memory_scores",
+    "total"}."""
     r = DEMO_RATES[kind]
     ws = 0.0
     if not cfg.study.warm_start and not finished(run_path(cfg, "warm_start")):
@@ -109,8 +123,13 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
         per_objective *= FLOAT32_EVAL_FACTOR
     checkpoints = 1 + len(runs)
     ev = checkpoints * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
-    t = {"warm_start": ws, "runs": sum(todo), "eval": ev}
-    return t | {"per_run": one(next(iter(runs.values()))), "to_train": len(todo), "total": ws + sum(todo) + ev}
+    scores = 0.0
+    if cfg.study.memory_scores:
+        memories = checkpoints * cfg.eval.num_tasks * sum(cfg.eval.objectives) * MEMORIES_PER_OBJECTIVE
+        scores = r["startup"] + memories * SCORE_S_PER_MEMORY[kind]
+    t = {"warm_start": ws, "runs": sum(todo), "eval": ev, "memory_scores": scores}
+    total = ws + sum(todo) + ev + scores
+    return t | {"per_run": one(next(iter(runs.values()))), "to_train": len(todo), "total": total}
 
 
 def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> None:
@@ -125,7 +144,8 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
         f"[mempo] study: {arms} arms x {k} seeds x {cfg.trainer.max_steps} RL steps; expected about "
         f"{t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start ~{t['warm_start'] / 60:.0f}, "
         f"{t['to_train']} RL runs to train ~{t['runs'] / 60:.0f} (~{t['per_run'] / 60:.0f} each), evaluation of "
-        f"{1 + len(runs)} checkpoints ~{t['eval'] / 60:.0f} min (more with fewer cores)"
+        f"{1 + len(runs)} checkpoints ~{t['eval'] / 60:.0f}, memory scores ~{t['memory_scores'] / 60:.0f} min (more "
+        "with fewer cores)"
     )
 
 
@@ -172,6 +192,54 @@ def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
     return "trained" if mode["resume"] is False else "resumed"
 
 
+def score_memories(cfg: DictConfig, items: list[MemoryItem]) -> tuple[list[float], str]:
+    """P(gold | question, memory) of each item under the warm start (the fixed scorer), with memory.scoring and
+    memory.scoring_context as RL scores them, under bf16 autocast where training runs in bf16 (as the evaluation's own
+    memory scores) -> (the probabilities, the dtype they were computed in)."""
+    if not items:
+        return [], "none"
+    policy, tokenizer = load_policy(warm_start_folder(cfg), dtype=cfg.model.dtype,
+                                    trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
+    with torch.autocast(next(policy.parameters()).device.type, dtype=torch.bfloat16, enabled=bf16):
+        p = memory_answer_probabilities(
+            policy,
+            build_builder(cfg, tokenizer),
+            [(it.question, it.memory, it.gold) for it in items],
+            pad_id=pad_id,
+            micro_batch_size=cfg.optim.micro_batch_size,
+            scoring=cfg.memory.scoring,
+            scoring_context=cfg.memory.scoring_context,
+        )
+    return [float(v) for v in p.tolist()], ("bf16 autocast" if bf16 else cfg.model.dtype)
+
+
+def eval_key(cfg: DictConfig, folders: dict[str, Path]) -> dict[str, Any]:
+    """What the study's evaluation depends on: its config (less the run-mode keys) and each checkpoint's folder with
+    the time its weights were exported (a run trained again is evaluated again)."""
+    plain = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
+             if k not in ("resume", "overwrite", "verbose", "sweep")}  # fmt: skip
+    exported = {label: os.path.getmtime(Path(f) / "config.json") for label, f in folders.items()}
+    return {"config": plain, "checkpoints": {label: str(f) for label, f in folders.items()}, "exported": exported}
+
+
+def evaluate_once(cfg: DictConfig, folders: dict[str, Path], out: Path) -> tuple[dict[str, Any], str]:
+    """The study's one evaluation (``run_eval`` into ``out``), or the earlier one when ``out/study_eval.json`` says
+    it ran with the same ``eval_key`` (a study run again after an interruption past its RL runs) -> (its result,
+    "reused" | "evaluated")."""
+    key, record = eval_key(cfg, folders), out / "study_eval.json"
+    if record.is_file() and not cfg.overwrite:
+        held = json.loads(record.read_text())
+        if held.get("key") == json.loads(json.dumps(key)) and Path(held["result"]["files"]["results"]).is_file():
+            say(f"[mempo] study: reusing the evaluation in {out} (same config and checkpoints; overwrite=true redoes "
+                "it)")  # fmt: skip
+            return held["result"], "reused"
+    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out)
+    write_json(record, {"key": key, "result": ev})
+    return ev, "evaluated"
+
+
 @stage("study")
 def study(cfg: DictConfig) -> dict[str, Any]:
     """Warm start, arms x seeds of RL (each its own process), one evaluation, the seed-level report."""
@@ -199,12 +267,26 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     n_list = list(cfg.eval.objectives)
     say(f"[mempo] study: evaluating {len(folders)} checkpoints on the same {cfg.eval.num_tasks} held-out tasks per "
         f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip
-    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out / "eval")
+    ev, status["eval"] = evaluate_once(cfg, folders, out / "eval")
     records = read_records(Path(ev["files"]["results"]))
     arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in cfg.study.arms}
     report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start")
     behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
     phases["eval_s"] = time.perf_counter() - t
+    scores, files = None, {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
+    if cfg.study.memory_scores:
+        t = time.perf_counter()
+        items = memory_items(records)
+        say(f"[mempo] study: scoring {len(items)} memories by P(gold | question, memory) under the warm start")
+        p, dtype = score_memories(cfg, items)
+        scores = score_study(items, p, arms, reference=cfg.study.reference, warm_start="warm_start")
+        scores |= {"scorer": str(warm_start_folder(cfg)), "dtype": dtype}
+        rows = [{"checkpoint": it.checkpoint, "objectives": it.objectives, "task_id": it.task_id, "turn": it.turn,
+                 "p_gold": v} for it, v in zip(items, p)]  # fmt: skip
+        files["memory_scores_csv"] = write_csv(out / "memory_scores.csv", rows, list(rows[0]) if rows else ["p_gold"])
+        files["memory_scores_png"] = plot_scores(items, p, {"warm_start": {0: "warm_start"}, **arms},
+                                                 out / "memory_scores.png")  # fmt: skip
+        phases["memory_scores_s"] = time.perf_counter() - t
     phases["total_s"] = time.perf_counter() - start
     design = {
         "seeds": list(cfg.study.seeds),
@@ -218,7 +300,13 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     result = {"stage": "study", "design": design, **report, "behaviour": behaviour, "status": status, "phases": phases}
     table = study_markdown(report) + "\n\nTurns per task and failure verdicts (summed over seeds):\n\n"
     table += turns_and_failures_markdown(behaviour)
-    files = {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
+    if scores is not None:
+        result["memory_scores"] = scores
+        table += (
+            f"\n\nMemories scored by P(gold | question, memory) under the warm start ({scores['memories']} memories, "
+            f"{scores['dtype']}; paired over the tasks both sides wrote memories for):\n\n"
+        )
+        table += score_markdown(scores)
     write_json(files["study_json"], result)
     atomic_write_text(files["study_md"], table + "\n")
     summary = {**result, "files": {k: str(v) for k, v in files.items()}, **run_record(cfg)}

@@ -6,6 +6,7 @@ checked for structure."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import mempo.stages.study as study_stage
 from mempo.stages import run_stage
 from mempo.stages.config import check_paths, compose_config
 from mempo.stages.demo import DEMO_RATES
-from mempo.stages.study import arm_seed_configs, expected_seconds, run_arm_seed
+from mempo.stages.study import arm_seed_configs, evaluate_once, expected_seconds, run_arm_seed
 
 
 def test_every_arm_seed_runs_the_recipe_with_its_delta_and_the_studys_budget(tmp_path: Path) -> None:
@@ -54,10 +55,13 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
     ws = r["startup"] + 288 * r["sft_objective"]
     run = r["startup"] + 192 * r["rl_rollout"]
     ev = 5 * (r["startup"] + 20 * r["eval_objective"] * 1.4)
+    # the fixed scorer: 5 checkpoints x 10 tasks x 2 objectives x 2 memories an objective
+    sc = r["startup"] + 200 * study_stage.SCORE_S_PER_MEMORY["avx512_bf16"]
     torch.testing.assert_close(
-        torch.tensor([got["warm_start"], got["runs"], got["eval"], got["total"]], dtype=torch.float64),
-        torch.tensor([ws, 4 * run, ev, ws + 4 * run + ev], dtype=torch.float64),
-    )
+        torch.tensor([got["warm_start"], got["runs"], got["eval"], got["memory_scores"], got["total"]],
+                     dtype=torch.float64),
+        torch.tensor([ws, 4 * run, ev, sc, ws + 4 * run + ev + sc], dtype=torch.float64),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -87,6 +91,41 @@ def test_a_run_folder_is_reused_continued_or_started(tmp_path, monkeypatch, hold
     status = run_arm_seed(cfg, sub, "mempo seed 1")
     assert status == ("trained" if expected[0] == "new" else expected[0])
     assert launched == ([] if expected[1] is None else [expected[1]])
+
+
+def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path, monkeypatch) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    folders = {}
+    for label in ("warm_start", "ablation_s0"):
+        folders[label] = tmp_path / label / "hf"
+        folders[label].mkdir(parents=True)
+        (folders[label] / "config.json").write_text("{}")
+    calls = []
+
+    def fake_run_eval(c, *, out):  # the real one runs in the tiny study below
+        calls.append(dict(c.eval.checkpoints))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.jsonl").write_text("")
+        return {"rows": [], "out": str(out), "files": {"results": str(out / "results.jsonl")}}
+
+    monkeypatch.setattr(study_stage, "run_eval", fake_run_eval)
+    out = tmp_path / "eval"
+    assert evaluate_once(cfg, folders, out)[1] == "evaluated"
+    assert evaluate_once(cfg, folders, out)[1] == "reused" and len(calls) == 1
+    other = compose_config("+exp=study", f"run_dir={tmp_path}", "eval.num_tasks=64")
+    assert evaluate_once(other, folders, out)[1] == "evaluated"  # another config
+    assert evaluate_once(cfg, folders, out)[1] == "evaluated"  # back to the first: the record held the second
+    st = (folders["ablation_s0"] / "config.json").stat()
+    os.utime(folders["ablation_s0"] / "config.json", (st.st_atime, st.st_mtime + 10))  # that run exported again
+    assert evaluate_once(cfg, folders, out)[1] == "evaluated"
+    assert evaluate_once(with_overwrite(cfg), folders, out)[1] == "evaluated" and len(calls) == 5
+    assert calls[0] == {label: str(f) for label, f in folders.items()}
+
+
+def with_overwrite(cfg):
+    from mempo.stages import with_overrides
+
+    return with_overrides(cfg, {"overwrite": True})
 
 
 @pytest.fixture(scope="module")
@@ -128,4 +167,13 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
     assert len(got["behaviour"]["mempo"]["2"]["turns_per_seed"]) == 2 and "verdicts" in got["behaviour"]["mempo"]["2"]
     assert summary["status"] == {"warm_start": "trained"} | {
         f"{a}_s{s}": "trained" for a in got["arms"] for s in (0, 1)
-    }
+    } | {"eval": "evaluated"}
+    # the fixed scorer's scores: one per well-formed memory of the evaluation's memory agent, counted here
+    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    memories = sum(1 for r in records if r["agent"] == "memory" for t in r["trace"] if t["ok"] and t["memory"])
+    scores = got["memory_scores"]
+    assert scores["memories"] == memories and scores["scorer"] == str(run_dir / "warm_start" / "hf")
+    assert set(scores["arms"]) == {"ablation", "mempo"} and scores["warm_start"]["checkpoint"] == "warm_start"
+    csv_rows = (run_dir / "memory_scores.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + memories and (run_dir / "memory_scores.png").is_file()
+    assert "Memories scored by P(gold | question, memory) under the warm start" in (run_dir / "study.md").read_text()

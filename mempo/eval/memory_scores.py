@@ -1,0 +1,187 @@
+"""The mechanism MemPO claims, measured (issue 40): P(gold | question, memory) (Eq. 4) of every memory the evaluated
+memory agents wrote, all under one fixed scorer (the study's warm start), so that arms are compared on one scale.
+A checkpoint scoring its own memories (``eval.score_memories``) mixes two changes, its memories and its weights;
+one scorer leaves only the memories.
+
+    memory_items    an evaluation's records (results.jsonl) -> one item per well-formed turn that wrote a memory
+    task_means      scored items -> (checkpoint, N) -> task_id -> mean P over that task's memories
+    score_study     per arm the per-seed means; per comparison (every arm against the reference arm and against the
+                    warm start) ``mempo.eval.seeds.compare`` over the tasks both sides wrote memories for
+    score_markdown  its tables; ``plot_scores``: per arm the distribution of P (seeds pooled), the paper's figure
+
+The scoring itself (loading the scorer) is the study stage's (``mempo.stages.study``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mempo.eval.seeds import compare, comparison_table
+
+METRIC = "p_gold"
+LOG10_FLOOR = -8.0  # the figure's left edge: P below 1e-8 is drawn there
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One memory to score: where it was written (checkpoint, N, task, turn) and what it is scored on."""
+
+    checkpoint: str
+    objectives: int
+    task_id: str
+    turn: int
+    question: str
+    memory: str
+    gold: str
+
+
+def memory_items(records: Sequence[Mapping[str, Any]], *, agent: str = "memory") -> list[MemoryItem]:
+    """Every memory a well-formed turn of ``agent`` wrote, in record then turn order (the turns
+    ``mempo.eval.compare.memory_p_ans`` scores)."""
+    return [
+        MemoryItem(
+            r["checkpoint"],
+            int(r["objectives"]),
+            str(r["task_id"]),
+            int(t["turn"]),
+            r["question"],
+            t["memory"],
+            r["gold"],
+        )
+        for r in records
+        if r["agent"] == agent
+        for t in r["trace"]
+        if t["ok"] and t["memory"]
+    ]
+
+
+def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[str, int], dict[str, float]]:
+    """(checkpoint, N) -> task_id -> the mean P over the memories that task's rollout wrote."""
+    if len(items) != len(p):
+        raise ValueError(f"{len(items)} memories but {len(p)} scores")
+    found: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for it, v in zip(items, p):
+        found[(it.checkpoint, it.objectives)][it.task_id].append(float(v))
+    return {k: {t: float(np.mean(vs)) for t, vs in by.items()} for k, by in found.items()}
+
+
+def _per_seed(means: Mapping[tuple[str, int], Mapping[str, float]], labels: Mapping[int, str], n: int) -> dict:
+    """Per seed: the tasks with a memory and the mean over them of each task's mean P (None without any)."""
+    got = [means.get((labels[s], n), {}) for s in sorted(labels)]
+    per_seed = [float(np.mean(list(g.values()))) if g else None for g in got]
+    known = [v for v in per_seed if v is not None]
+    return {
+        "tasks_with_memories": [len(g) for g in got],
+        "per_seed": per_seed,
+        "mean": float(np.mean(known)) if known else None,
+    }
+
+
+def _compare_on_common_tasks(
+    a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]], names: tuple[str, str], level: float
+) -> dict[str, Any]:
+    """``compare`` restricted, seed by seed, to the tasks where both sides wrote a memory."""
+    common = {s: sorted(set(a[s]) & set(b[s])) for s in a}
+    empty = [s for s, ts in common.items() if not ts]
+    if empty:
+        return {"seeds": sorted(a), "verdict": f"no task with memories on both sides at seed(s) {empty}"}
+    return compare(
+        {s: {t: a[s][t] for t in ts} for s, ts in common.items()},
+        {s: {t: b[s][t] for t in ts} for s, ts in common.items()},
+        names=names,
+        level=level,
+    )
+
+
+def score_study(
+    items: Sequence[MemoryItem],
+    p: Sequence[float],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    reference: str,
+    warm_start: str | None = None,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """The seed-level report of the scored memories (``arms``: arm -> seed -> checkpoint label, as
+    ``mempo.eval.seeds.seed_study``): per arm and N the per-seed mean P, the seed mean and the tasks with memories;
+    per comparison (every other arm against ``reference``, every arm against ``warm_start``) the per-seed paired
+    differences over the tasks both wrote memories for, their t-interval, the two-level bootstrap and the verdict."""
+    means = task_means(items, p)
+    ns = sorted({it.objectives for it in items})
+    out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": len(items), "arms": {}, "warm_start": None}
+    for arm, labels in arms.items():
+        out["arms"][arm] = {"seeds": sorted(labels), "by_n": {str(n): _per_seed(means, labels, n) for n in ns}}
+    pairs = [(arm, reference) for arm in arms if arm != reference]
+    if warm_start is not None:
+        by_n = {str(n): _per_seed(means, {0: warm_start}, n) for n in ns}
+        out["warm_start"] = {"checkpoint": warm_start, "by_n": by_n}
+        pairs += [(arm, "warm_start") for arm in arms]
+    comparisons = []
+    for arm, against in pairs:
+        for n in ns:
+            b = {s: means.get((label, n), {}) for s, label in arms[arm].items()}
+            if against == "warm_start":
+                a = {s: means.get((warm_start, n), {}) for s in b}
+            else:
+                a = {s: means.get((arms[against][s], n), {}) for s in b}
+            comparisons.append({"arm": arm, "against": against, "N": n,
+                                METRIC: _compare_on_common_tasks(a, b, (against, arm), level)})  # fmt: skip
+    out["comparisons"] = comparisons
+    return out
+
+
+def score_markdown(study: Mapping[str, Any]) -> str:
+    """The scored memories' two tables: per arm and N the per-seed mean P (tasks with memories), then the
+    comparisons as ``mempo.eval.seeds.study_markdown`` shows EM's."""
+    from mempo.eval.report import markdown_table
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    rows = []
+    entries = [(arm, e) for arm, e in study["arms"].items()]
+    if study.get("warm_start"):
+        entries.append((f"warm start ({study['warm_start']['checkpoint']})", study["warm_start"]))
+    for name, e in entries:
+        for n, by in e["by_n"].items():
+            rows.append({
+                "arm": name, "N": n, "tasks with memories per seed": ", ".join(map(str, by["tasks_with_memories"])),
+                "mean P per seed": ", ".join(fmt(v) for v in by["per_seed"]), "seed mean": fmt(by["mean"]),
+            })  # fmt: skip
+    cols = ["arm", "N", "tasks with memories per seed", "mean P per seed", "seed mean"]
+    return "\n".join([markdown_table(rows, cols), "", comparison_table(study["comparisons"], (METRIC,), digits=4)])
+
+
+def plot_scores(
+    items: Sequence[MemoryItem], p: Sequence[float], arms: Mapping[str, Mapping[int, str]], path: Path
+) -> Path:
+    """Per arm (its seeds pooled; ``arms`` may hold the warm start as an arm of one seed) and N the distribution of
+    log10 P(gold | q, m) under the fixed scorer, as step histograms of the share of memories, one panel per N."""
+    from mempo.eval.report import _plt, _save
+
+    plt = _plt()
+    ns = sorted({it.objectives for it in items}) or [0]
+    fig, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.8), squeeze=False)
+    bins = np.linspace(LOG10_FLOOR, 0.0, 33)
+    for ax, n in zip(axes[0], ns):
+        for i, (arm, labels) in enumerate(arms.items()):
+            own = set(labels.values())
+            vals = [max(math.log10(max(v, 1e-300)), LOG10_FLOOR) for it, v in zip(items, p)
+                    if it.objectives == n and it.checkpoint in own]  # fmt: skip
+            if not vals:
+                continue
+            weights = np.full(len(vals), 1.0 / len(vals))
+            ax.hist(vals, bins=bins, weights=weights, histtype="step", lw=1.6, color=f"C{i % 10}",
+                    label=f"{arm} ({len(vals)} memories, median P {10 ** float(np.median(vals)):.2g})")  # fmt: skip
+        ax.set_xlabel("log10 P(gold | question, memory), fixed scorer")
+        ax.set_ylabel("share of memories")
+        ax.set_title(f"N = {n}")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
