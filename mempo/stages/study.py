@@ -54,9 +54,18 @@ REPO_ROOT = CONFIG_DIR.parents[1]
 # Keys the study keeps from the run's config whatever its recipe sets: the budget, and no in-training validation
 # (a study compares the final checkpoints in one evaluation; validation would only cost time).
 STUDY_OWN_KEYS = ("trainer.max_steps", "eval.every_n_steps")
-FLOAT32_EVAL_FACTOR = 1.4  # a float32 engine against the bf16 one DEMO_RATES' AVX512-BF16 evaluation measured
+# The study's float32 evaluation against DEMO_RATES' eval_objective (the demo's bf16 engine): S1 evaluated 7
+# checkpoints x 128 two-question tasks in 1213 s on AVX512-BF16, 173 s a checkpoint, (173 - 25) / 256 = 0.58 s per
+# objective (docs/results.md)
+FLOAT32_EVAL_FACTOR = 0.9
+# Seconds per rollout of an arm-seed run on exp/grpo_cpu's recipe (4 tasks x G=8, top 8 layers), startup included:
+# S1's six 4-step runs took 242-385 s each, 307 s on average, on AVX512-BF16 (docs/results.md); DEMO_RATES' rl_rollout
+# is the demo's recipe (every layer trains, 16 rollouts a step) and overstated these runs 2x. AVX2: not measured for
+# this recipe, scaled as DEMO_RATES' rollouts (13.0 / 4.9).
+STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * 13.0 / 4.9}
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
-# memories per task per objective an evaluation leaves (about 2 turns an objective), from the S1 study (docs/results.md)
+# memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
+# (0.047 s each, the scorer's loading included; 2.08 a task-objective)
 SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * 13.0 / 4.9}  # AVX2: scaled as DEMO_RATES' RL rollouts
 MEMORIES_PER_OBJECTIVE = 2.0
 
@@ -114,8 +123,10 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     if not cfg.study.warm_start and not finished(run_path(cfg, "warm_start")):
         ws = r["startup"] + cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives]) * r["sft_objective"]
 
+    rate = STUDY_RL_ROLLOUT_S[kind] if cfg.study.recipe == "grpo_cpu" else r["rl_rollout"]
+
     def one(c: DictConfig) -> float:
-        return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * r["rl_rollout"]
+        return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rate
 
     todo = [one(c) for c in runs.values() if not finished(Path(c.run_dir))]
     per_objective = r["eval_objective"]
