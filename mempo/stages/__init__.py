@@ -55,11 +55,20 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     return STAGES[cfg.stage](cfg)
 
 
+def _dotlist_value(v: Any) -> Any:
+    """A value as ``OmegaConf.from_dotlist`` reads it back: None as null and a mapping or list as JSON (a YAML flow
+    value, its nested nulls included); strings as they are (``folders_arg``'s flow mappings are parsed)."""
+    if v is None:
+        return "null"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return v
+
+
 def with_overrides(cfg: DictConfig, overrides: Mapping[str, Any]) -> DictConfig:
-    """A validated copy of ``cfg`` with dotted-key overrides."""
-    merged = OmegaConf.merge(
-        OmegaConf.to_container(cfg), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
-    )
+    """A validated copy of ``cfg`` with dotted-key overrides (a None value sets null: exp files' ``key: null``)."""
+    dotlist = [f"{k}={_dotlist_value(v)}" for k, v in overrides.items()]
+    merged = OmegaConf.merge(OmegaConf.to_container(cfg), OmegaConf.from_dotlist(dotlist))
     return validate_config(merged)
 
 

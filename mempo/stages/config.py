@@ -167,7 +167,9 @@ class StudyConfig:
     recipe: the experiment (``experiments/configs/exp/<recipe>.yaml``) whose keys every arm applies on top of the
       run's config, but trainer.max_steps (the study's budget) and eval.every_n_steps (no in-training validation);
       null = the run's config as is.
-    arms: arm -> its config delta on top of the recipe (nested keys, e.g. {memory: {alpha: 1.0}}; {} = the recipe).
+    arms: arm -> its config delta on top of the recipe (nested keys, e.g. {memory: {alpha: 1.0}}; {} = the recipe);
+      null drops an arm (Hydra merges mappings, so ``study.arms.mempo=null +study.arms.lora.model.lora.rank=16``
+      replaces one; exp/study_lora.yaml does so in a file).
     reference: the arm every other arm is compared with.
     seeds: the RL seeds of every arm (K = their number), fixed before the study runs; arms pair by seed.
     memory_scores: score every evaluated memory by P(gold | question, memory) under the warm start, one fixed scorer
@@ -181,6 +183,11 @@ class StudyConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     memory_scores: bool = True
 
+    @property
+    def run_arms(self) -> list[str]:
+        """The arms that run, in config order: those not set to null."""
+        return [arm for arm, delta in dict(self.arms).items() if delta is not None]
+
     def __post_init__(self) -> None:
         exists = self.recipe is None or (CONFIG_DIR / "exp" / f"{self.recipe}.yaml").is_file()
         arms = dict(self.arms)
@@ -189,14 +196,14 @@ class StudyConfig:
             self,
             [
                 ("recipe", exists, f"must be null or the name of a file in {CONFIG_DIR / 'exp'}"),
-                ("arms", len(arms) >= 1, "must name at least one arm"),
+                ("arms", any(v is not None for v in arms.values()), "must name at least one arm (not null)"),
                 (
                     "arms",
                     all(re.fullmatch(r"[A-Za-z0-9_-]+", str(a)) and a != "warm_start" for a in arms),
                     "arm names are folder names: letters, digits, _ and - (and not warm_start)",
                 ),
                 ("arms", all(v is None or hasattr(v, "items") for v in arms.values()), "each arm must be a mapping"),
-                ("reference", self.reference in arms, f"must be one of the arms {sorted(arms)}"),
+                ("reference", self.reference in self.run_arms, f"must be one of the arms {self.run_arms}"),
                 ("seeds", len(self.seeds) >= 1, "must hold at least one seed"),
                 ("seeds", len(set(self.seeds)) == len(self.seeds), "must not repeat a seed"),
             ],

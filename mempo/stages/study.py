@@ -43,7 +43,7 @@ from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, tur
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
-from mempo.stages.builders import build_builder, run_path
+from mempo.stages.builders import build_builder, group, run_path
 from mempo.stages.config import CONFIG_DIR, cpu_has_bf16, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.demo import DEMO_RATES, command_line_keys
 from mempo.stages.evaluate import run_eval
@@ -82,8 +82,13 @@ def arm_delta(cfg: DictConfig, arm: str) -> dict[str, Any]:
     command line set), then the arm's own delta (which wins over both)."""
     skip = set(STUDY_OWN_KEYS) | command_line_keys(cfg)
     recipe = {k: v for k, v in exp_delta(cfg.study.recipe).items() if k not in skip}
-    own = flatten(OmegaConf.to_container(cfg.study.arms)[arm] or {})
+    own = flatten(OmegaConf.to_container(cfg.study.arms)[arm])
     return {**recipe, **own}
+
+
+def run_arms(cfg: DictConfig) -> list[str]:
+    """The arms that run (study.arms less those set to null), in config order."""
+    return group(cfg, "study").run_arms
 
 
 def warm_start_folder(cfg: DictConfig) -> Path:
@@ -95,7 +100,7 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
     """(arm, seed) -> the validated config of that RL run, in arm-major order. Built before anything runs, so a
     bad key in an arm's delta fails here, naming it."""
     out = {}
-    for arm in cfg.study.arms:
+    for arm in run_arms(cfg):
         delta = arm_delta(cfg, arm)
         for seed in cfg.study.seeds:
             keys = {
@@ -150,7 +155,7 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     kind = "avx512_bf16" if cpu_has_bf16() else "avx2"
     t = expected_seconds(cfg, runs, kind)
     what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
-    k, arms = len(cfg.study.seeds), len(cfg.study.arms)
+    k, arms = len(cfg.study.seeds), len(run_arms(cfg))
     say(
         f"[mempo] study: {arms} arms x {k} seeds x {cfg.trainer.max_steps} RL steps; expected about "
         f"{t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start ~{t['warm_start'] / 60:.0f}, "
@@ -280,7 +285,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip
     ev, status["eval"] = evaluate_once(cfg, folders, out / "eval")
     records = read_records(Path(ev["files"]["results"]))
-    arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in cfg.study.arms}
+    arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in run_arms(cfg)}
     report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start")
     behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
     phases["eval_s"] = time.perf_counter() - t
@@ -303,7 +308,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         "seeds": list(cfg.study.seeds),
         "steps": cfg.trainer.max_steps,
         "recipe": cfg.study.recipe,
-        "arm_overrides": {arm: arm_delta(cfg, arm) for arm in cfg.study.arms},
+        "arm_overrides": {arm: arm_delta(cfg, arm) for arm in run_arms(cfg)},
         "warm_start": str(warm_start_folder(cfg)),
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,

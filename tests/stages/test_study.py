@@ -35,6 +35,28 @@ def test_every_arm_seed_runs_the_recipe_with_its_delta_and_the_studys_budget(tmp
     assert cfg.eval.num_tasks == 128 and list(cfg.eval.objectives) == [2] and cfg.eval.engine_dtype == "float32"
 
 
+def test_study_lora_runs_the_lora_recipe_against_the_full_one(tmp_path: Path) -> None:
+    """exp/study_lora.yaml read by hand: exp/study.yaml's arms dropped (null), grpo_cpu as it is against
+    grpo_cpu_lora's adapters (rank 16, alpha 32, every layer: train_top_layers null), everything else the same."""
+    runs = arm_seed_configs(compose_config("+exp=study_lora", f"run_dir={tmp_path}"))
+    assert list(runs) == [("full", 0), ("full", 1), ("full", 2), ("lora", 0), ("lora", 1), ("lora", 2)]
+    full, lora = runs[("full", 1)], runs[("lora", 1)]
+    assert (full.model.train_top_layers, full.model.lora.rank) == (8, 0)
+    assert (lora.model.train_top_layers, lora.model.lora.rank, lora.model.lora.alpha) == (None, 16, 32.0)
+    for c in (full, lora):  # the recipe and the study's budget, as in the MemPO study
+        assert (c.optim.lr, c.memory.alpha, c.trainer.max_steps, c.data.batch_size) == (3.0e-5, 0.0, 6, 4)
+
+
+def test_null_drops_an_arm_from_the_command_line(tmp_path: Path) -> None:
+    cfg = compose_config("+exp=study", "study.arms.mempo=null", "+study.arms.ptf.memory.normalize=per_turn",
+                         "+study.arms.ptf.memory.alpha=1.0", f"run_dir={tmp_path}")  # fmt: skip
+    runs = arm_seed_configs(cfg)
+    assert sorted({arm for arm, _ in runs}) == ["ablation", "ptf"]
+    assert (runs[("ptf", 0)].memory.normalize, runs[("ptf", 0)].memory.alpha) == ("per_turn", 1.0)
+    with pytest.raises(ValueError, match=r"study\.reference='mempo' must be one of the arms \['ablation'\]"):
+        compose_config("+exp=study", "study.arms.mempo=null", "study.reference=mempo")
+
+
 def test_bad_study_keys_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"study\.reference='nope' must be one of the arms"):
         compose_config("+exp=study", "study.reference=nope")
