@@ -40,7 +40,7 @@ def yaml_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
     for k, v in tree.items():
         if k in ("defaults", "hydra"):  # the defaults list, and Hydra's own settings (run dir, job)
             continue
-        if isinstance(v, dict) and not (prefix + k).endswith("eval.checkpoints"):
+        if isinstance(v, dict) and not (prefix + k).endswith(("eval.checkpoints", "study.arms")):  # free-form maps
             keys += yaml_keys(v, f"{prefix}{k}.")
         else:
             keys.append(prefix + k)
