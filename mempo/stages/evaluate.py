@@ -99,7 +99,7 @@ def run_eval(
         say(f"[mempo] eval: {label} ({folder}) on N = {list(ev.objectives)}, agents {list(ev.agents)}")
         policy, tokenizer = load_policy(folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
         sampler = build_sampler(cfg, folder, policy, tokenizer, dtype=engine_dtype(evaluation, bf16), logprobs="raw")
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad_id = tokenizer.pad_token_id  # load_tokenizer sets one (eos when the model has none)
         try:
             res = evaluate_grid(
                 sampler,

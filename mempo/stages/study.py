@@ -58,15 +58,16 @@ STUDY_OWN_KEYS = ("trainer.max_steps", "eval.every_n_steps")
 # checkpoints x 128 two-question tasks in 1213 s on AVX512-BF16, 173 s a checkpoint, (173 - 25) / 256 = 0.58 s per
 # objective (docs/results.md)
 FLOAT32_EVAL_FACTOR = 0.9
+# The study's rates below were measured on AVX512-BF16 only; on AVX2 they are scaled as DEMO_RATES' RL rollouts
+AVX2_SCALE = DEMO_RATES["avx2"]["rl_rollout"] / DEMO_RATES["avx512_bf16"]["rl_rollout"]
 # Seconds per rollout of an arm-seed run on exp/grpo_cpu's recipe (4 tasks x G=8, top 8 layers), startup included:
 # S1's six 4-step runs took 242-385 s each, 307 s on average, on AVX512-BF16 (docs/results.md); DEMO_RATES' rl_rollout
-# is the demo's recipe (every layer trains, 16 rollouts a step) and overstated these runs 2x. AVX2: not measured for
-# this recipe, scaled as DEMO_RATES' rollouts (13.0 / 4.9).
-STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * 13.0 / 4.9}
+# is the demo's recipe (every layer trains, 16 rollouts a step) and overstated these runs 2x.
+STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
 # memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
 # (0.047 s each, the scorer's loading included; 2.08 a task-objective)
-SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * 13.0 / 4.9}  # AVX2: scaled as DEMO_RATES' RL rollouts
+SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * AVX2_SCALE}
 MEMORIES_PER_OBJECTIVE = 2.0
 
 
@@ -216,14 +217,13 @@ def score_memories(cfg: DictConfig, items: list[MemoryItem]) -> tuple[list[float
         return [], "none"
     policy, tokenizer = load_policy(warm_start_folder(cfg), dtype=cfg.model.dtype,
                                     trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
     with torch.autocast(next(policy.parameters()).device.type, dtype=torch.bfloat16, enabled=bf16):
         p = memory_answer_probabilities(
             policy,
             build_builder(cfg, tokenizer),
             [(it.question, it.memory, it.gold) for it in items],
-            pad_id=pad_id,
+            pad_id=tokenizer.pad_token_id,  # load_tokenizer sets one (eos when the model has none)
             micro_batch_size=cfg.optim.micro_batch_size,
             scoring=cfg.memory.scoring,
             scoring_context=cfg.memory.scoring_context,
