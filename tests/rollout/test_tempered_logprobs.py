@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mempo.lm.loading import load_policy
+from mempo.lm.scoring import sequence_logprobs
 from mempo.rollout.hf_sampler import HFSampler
 from mempo.rollout.sampler import SamplingConfig
 
@@ -25,6 +26,18 @@ def plain(model, prompt: list[int], tokens: list[int], temperature: float) -> to
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()[len(prompt) - 1 : -1]
     return (logits / temperature).log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+
+
+def trainer_reading(model, prompt: list[int], gens, temperature: float) -> list[torch.Tensor]:
+    """The trainer's own log-probs of each generation's tokens (``sequence_logprobs``, as the update, the recomputed
+    old log-probs and the reference pass call it): one right-padded batch, the response positions scored."""
+    rows = [prompt + g.token_ids for g in gens]
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    mask, score = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)], score[i, len(prompt) : len(row)] = torch.tensor(row), 1, True
+    logp = sequence_logprobs(model, ids, mask, score_mask=score, temperature=temperature)
+    return [logp[i, len(prompt) : len(rows[i])] for i in range(len(rows))]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +76,12 @@ def test_the_vllm_engine_returns_tempered_logprobs_for_sampled_calls_only(hf, ti
         torch.testing.assert_close(torch.tensor(g.logprobs), plain(model, prompt, g.token_ids, T), **LOGP_TOL)
         assert (torch.tensor(g.logprobs) - plain(model, prompt, g.token_ids, 1.0)).abs().max() > 1e-2
     torch.testing.assert_close(torch.tensor(greedy.logprobs), plain(model, prompt, greedy.token_ids, 1.0), **LOGP_TOL)
+    # the trainer reads the engine's sampled tokens as the engine does at T, and not as the raw policy
+    for g, trainer_logp, trainer_raw in zip(
+        out, trainer_reading(model, prompt, out, T), trainer_reading(model, prompt, out, 1.0)
+    ):
+        torch.testing.assert_close(trainer_logp, torch.tensor(g.logprobs), **LOGP_TOL)
+        assert (trainer_raw - torch.tensor(g.logprobs)).abs().max() > 1e-2
 
 
 def test_tempered_logprobs_need_top_p_1_and_raw_ones_do_not(make_cfg) -> None:
