@@ -126,7 +126,8 @@ class Generation:
     """One sampled continuation.
 
     token_ids: [L] exactly as sampled (a matched stop string is included; never re-tokenized).
-    logprobs:  [L] raw-policy log-prob of each sampled token.
+    logprobs:  [L] log-prob of each sampled token in the engine's reading (``SamplerConfig.logprobs``): tempered,
+               log softmax(logits / T), for sampled calls; the raw policy's for greedy calls or logprobs=raw.
     finish_reason: "stop" (stop string or eos) or "length" (max_new_tokens reached).
     """
 
