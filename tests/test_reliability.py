@@ -151,6 +151,35 @@ def test_warm_start_on_real_data_needs_a_teacher_file(make_cfg, tmp_path, tiny_p
         sft_data(cfg, load_tokenizer(tiny_path))
 
 
+@pytest.mark.parametrize("stage", ["sft", "demo", "headline", "study"])
+def test_a_warm_start_on_real_data_without_a_teacher_is_refused_before_any_model_loads(
+    make_cfg, tmp_path, monkeypatch, stage
+):
+    """The same refusal from run_stage, before a model (7B, say) is loaded or the run folder made; the study trains
+    the demo's warm start only without study.warm_start, and RL from a checkpoint of the user's own needs no teacher."""
+    from mempo.stages.config import trains_warm_start
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("MEMPO_CACHE", str(cache))
+    train = _jsonl(tmp_path / "train.jsonl", [GOOD])
+    keys = ["data=qa_files", f"data.train_files=[{train}]", "env=http", "model=tiny", f"run_dir={tmp_path}/r"]
+    with pytest.raises(ValueError, match=r"sft.trajectories=null with data.source=qa_files"):
+        run_stage(make_cfg(*keys, f"stage={stage}"))
+    assert list(cache.iterdir()) == [] and not (tmp_path / "r").exists()
+    assert not trains_warm_start(make_cfg(*keys, "stage=rl"))
+    assert not trains_warm_start(make_cfg(*keys, "stage=study", f"study.warm_start={tmp_path}"))
+
+
+def test_a_missing_test_file_is_named_before_any_model_loads(make_cfg, tmp_path):
+    from mempo.stages.config import check_paths
+
+    train = _jsonl(tmp_path / "train.jsonl", [GOOD])
+    cfg = make_cfg("data=qa_files", f"data.train_files=[{train}]", "data.test_files=[/no/such/test.jsonl]", "env=http")
+    with pytest.raises(FileNotFoundError, match=r"config key data.test_files\[0\]='/no/such/test.jsonl': no such file"):
+        check_paths(cfg)
+
+
 @pytest.mark.parametrize("stage", ["demo", "headline"])
 def test_stages_comparing_on_fixed_tasks_refuse_eval_num_tasks_null(make_cfg, tmp_path, stage):
     """eval.num_tasks=null (each question of the split once) is stage=eval's; the demo and the headline multiply and

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.console import say, setup_console
 from mempo.stages.builders import run_path
-from mempo.stages.config import check_paths, validate_config
+from mempo.stages.config import check_paths, require_teacher, trains_warm_start, validate_config
 from mempo.stages.rundir import finished
 
 StageFn = Callable[[DictConfig], dict[str, Any]]
@@ -49,6 +49,8 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage {cfg.stage!r} is not implemented; implemented: {sorted(STAGES)}")
     check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
+    if trains_warm_start(cfg):
+        require_teacher(cfg)  # real data without the user's teacher file: refused before a model loads
     log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.core.console)
     if not cfg.verbose:
         say(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")

@@ -319,6 +319,25 @@ def schema() -> DictConfig:
     return node
 
 
+def trains_warm_start(cfg: DictConfig) -> bool:
+    """Whether ``cfg.stage`` trains a warm start: sft, demo and headline do; the study does without study.warm_start."""
+    return cfg.stage in ("sft", "demo", "headline") or (cfg.stage == "study" and cfg.study.warm_start is None)
+
+
+def require_teacher(cfg: DictConfig) -> None:
+    """A warm start on real data needs the user's teacher trajectories: without ``sft.trajectories`` it would train on
+    the synthetic oracle and replay its fictional queries against the real retriever."""
+    if not cfg.sft.trajectories and cfg.data.source != "synthetic":
+        raise ValueError(
+            f"config key sft.trajectories=null with data.source={cfg.data.source}: the warm start would train on the "
+            "synthetic oracle's trajectories and replay its fictional queries against your retriever. mempo has no "
+            "teacher for real data: give sft.trajectories=TEACHER.jsonl, one task a line, "
+            '{"task_id", "objectives": [{"question", "answers", "qid"}], "turns": ["<mem>...</mem><think>...</think>'
+            '<search>...</search>", ..., "...<answer>a1; a2</answer>"]} (mempo.data.oracle), e.g. distilled from a '
+            "larger model as MEM1 does; or start RL from a checkpoint of your own (stage=rl model.name_or_path=...)"
+        )
+
+
 def check_paths(cfg: DictConfig) -> None:
     """Inputs that must exist, each error naming the key (called by ``run_stage`` and ``fit_rl`` before any model
     loads; not by ``validate_config``, so configs for another machine still compose here):
@@ -338,7 +357,9 @@ def check_paths(cfg: DictConfig) -> None:
         raise type(e)(f"config key model.name_or_path={cfg.model.name_or_path!r}: {e}") from e
     files = [("env.corpus", cfg.env.corpus), ("sft.trajectories", cfg.sft.trajectories)]
     if cfg.data.source == "qa_files":
-        files += [(f"data.{k}[{i}]", f) for k in ("train_files", "val_files") for i, f in enumerate(cfg.data[k])]
+        files += [
+            (f"data.{k}[{i}]", f) for k in ("train_files", "val_files", "test_files") for i, f in enumerate(cfg.data[k])
+        ]
     for key, f in files:
         if f is not None and not Path(f).is_file():
             raise FileNotFoundError(f"config key {key}={f!r}: no such file")

@@ -49,7 +49,7 @@ from mempo.stages.builders import (
     run_path,
     synthetic_world,
 )
-from mempo.stages.config import check_paths, resolve_precision
+from mempo.stages.config import check_paths, require_teacher, resolve_precision
 from mempo.stages.rundir import claim_run_dir, run_record
 
 # Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
@@ -274,15 +274,7 @@ def sft_data(cfg: DictConfig, tokenizer: Any) -> tuple[list, list[SFTExample], l
     agent's prompt builder and environment, the training rows, the loader whose batches are the optimizer steps in
     order). tests/models/test_sft_pin.py pins these batches on a small config."""
     s = cfg.sft
-    if not s.trajectories and cfg.data.source != "synthetic":
-        raise ValueError(
-            f"config key sft.trajectories=null with data.source={cfg.data.source}: the warm start would train on the "
-            "synthetic oracle's trajectories and replay its fictional queries against your retriever. mempo has no "
-            "teacher for real data: give sft.trajectories=TEACHER.jsonl, one task a line, "
-            '{"task_id", "objectives": [{"question", "answers", "qid"}], "turns": ["<mem>...</mem><think>...</think>'
-            '<search>...</search>", ..., "...<answer>a1; a2</answer>"]} (mempo.data.oracle), e.g. distilled from a '
-            "larger model as MEM1 does; or start RL from a checkpoint of your own (stage=rl model.name_or_path=...)"
-        )
+    require_teacher(cfg)
     if s.trajectories:
         trajectories = load_trajectories_jsonl(s.trajectories)
     else:  # one task set per entry of sft.objectives (e.g. [1, 2]: single- and two-question tasks mixed)
