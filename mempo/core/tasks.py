@@ -49,8 +49,9 @@ class Task:
 
     @property
     def source(self) -> str:
-        """The objectives' ``source`` when they share one, else their distinct sources joined by "+"."""
-        return "+".join(dict.fromkeys(q.source for q in self.objectives))
+        """The objectives' ``source`` when they share one, else their distinct sources sorted and joined by "+" (a
+        pooled task of an NQ and a HotpotQA question is "hotpotqa+nq" whichever came first)."""
+        return "+".join(sorted({q.source for q in self.objectives}))
 
     @property
     def gold(self) -> str:

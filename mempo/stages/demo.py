@@ -139,6 +139,7 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
         "sft": done["sft"]["summary"],
         "rl": done["rl"]["summary"],
         "eval": ev["rows"],
+        **({"eval_by_source": ev["source_rows"]} if ev.get("source_rows") else {}),  # tasks of several data_sources
         "eval_tasks": cfg.eval.num_tasks,
         "objectives": list(cfg.eval.objectives),
         **run_record(cfg),

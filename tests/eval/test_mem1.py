@@ -49,3 +49,12 @@ def test_source_rows_only_with_more_than_one_source_and_in_the_report():
     assert real_data_tables([{**keys, "tasks": 3, "em": 0.5, "f1": 0.6}], []) == ""  # single source: unchanged
     text = real_data_tables([{**keys, "tasks": 3, "em": 0.5, "f1": 0.6, "em_mem1": 1.0, "f1_mem1": 1.2}], rows)
     assert "MEM1's aggregation" in text and "| c | memory | 2 | nq | 2 | 0.500 | 0.750 |" in text
+
+
+def test_a_pooled_tasks_source_does_not_depend_on_the_order_of_its_questions():
+    """Per-source rows group by Task.source: a task of an NQ and a HotpotQA question is one group in either order."""
+    from mempo.core.tasks import Question, Task
+
+    nq, hp = Question("who?", ("a",), "q1", "nq"), Question("when?", ("b",), "q2", "hotpotqa")
+    assert Task("t1", (nq, hp)).source == Task("t2", (hp, nq)).source == "hotpotqa+nq"
+    assert Task("t3", (nq, Question("where?", ("c",), "q3", "nq"))).source == "nq"

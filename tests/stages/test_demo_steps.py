@@ -88,3 +88,25 @@ def test_the_expected_time_scales_the_measured_rates_by_the_configs_sizes(tmp_pa
         torch.tensor([got["sft"], got["rl"], got["eval"], got["total"]], dtype=torch.float64),
         torch.tensor([sft, rl, ev, sft + rl + ev], dtype=torch.float64),
     )
+
+
+@pytest.mark.parametrize("sources", [["synthetic"], ["nq", "hotpotqa"]])
+def test_the_demos_summary_adds_per_source_rows_only_with_several_sources(tmp_path: Path, monkeypatch, sources) -> None:
+    """summary.json carries the evaluation's per-source rows when its tasks came from several data_sources; a
+    single-source run (the main job) writes exactly the keys it wrote before. The three phases are stood in for by
+    their results: what is checked is how the demo assembles its summary."""
+    import json
+
+    import mempo.stages.demo as demo_mod
+
+    intervals = tmp_path / "intervals.md"
+    intervals.write_text("| model | EM |\n")
+    rows = [{"checkpoint": "rl", "em": 0.5}]
+    by_source = [{"checkpoint": "rl", "source": s, "em": 0.5} for s in sources] if len(sources) > 1 else []
+    ev = {"files": {"intervals": str(intervals)}, "rows": rows, **({"source_rows": by_source} if by_source else {})}
+    done = {k: {"summary": {}, "status": "reused", "seconds": 0.0} for k in ("sft", "rl")}
+    monkeypatch.setattr(demo_mod, "run_steps", lambda cfg, steps: {**done, "eval": {**done["rl"], "summary": ev}})
+    demo_mod.demo(compose_config(f"run_dir={tmp_path / 'run'}", "model=tiny"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["eval"] == rows
+    assert summary.get("eval_by_source") == (by_source or None)
