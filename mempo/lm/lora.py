@@ -210,13 +210,20 @@ def save_lora(policy: nn.Module, merged_dir: Path, adapter_dir: Path, states: di
     policy.save_pretrained(adapter_dir, safe_serialization=True, state_dict=states["adapter"])
 
 
-def base_fingerprint(model_path: str | Path) -> str:
-    """A cheap identity of the base model a LoRA adapter was trained on: a hash of its config.json and of its weight
-    files' names and sizes (or the safetensors index), not of the weights (15 GB for a 7B model). A hub id is
-    fingerprinted by its name."""
+def base_fingerprint(model_path: str | Path, hf_cache_dir: str | None = None) -> str:
+    """A cheap identity of the base model a LoRA adapter was trained on, ``"<folder>:<hash>"``: a hash of its
+    config.json and of its weight files' names and sizes (or the safetensors index), not of the weights (15 GB for a
+    7B model). The folder's name is for the reader; ``same_base`` compares the hashes, so the same base copied
+    elsewhere still resumes. A hub id is fingerprinted by the snapshot in the Hugging Face cache (the revision that
+    was downloaded, so a changed upstream revision is caught), or by its name when nothing is cached."""
     path = Path(model_path)
     if not path.is_dir():
-        return f"hub:{model_path}"
+        from huggingface_hub import try_to_load_from_cache
+
+        config = try_to_load_from_cache(str(model_path), "config.json", cache_dir=hf_cache_dir)
+        if not isinstance(config, str):  # not cached (None) or cached as missing
+            return f"hub:{model_path}"
+        path = Path(config).parent  # snapshots/<commit>/
     h = hashlib.sha256()
     config = json.loads((path / "config.json").read_text())
     config.pop("_name_or_path", None)
@@ -224,3 +231,10 @@ def base_fingerprint(model_path: str | Path) -> str:
     for f in sorted(path.glob("*.safetensors*")) + sorted(path.glob("*.bin")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
     return f"{path.name}:{h.hexdigest()[:16]}"
+
+
+def same_base(saved: str | None, mine: str | None) -> bool:
+    """Whether two ``base_fingerprint`` values name the same base (None: full weights, no adapter)."""
+    if saved is None or mine is None:
+        return saved is mine
+    return saved.rsplit(":", 1)[-1] == mine.rsplit(":", 1)[-1]

@@ -36,7 +36,7 @@ from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records, unscored_metrics
 from mempo.lm.logprobs import token_logprobs
-from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora
+from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora, same_base
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
 from mempo.losses import (
@@ -634,7 +634,9 @@ class MemPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("mempo", {})
         saved, mine = state.get("lora_base"), self.base_fingerprint if is_lora(self.policy) else None
-        if saved != mine:  # an adapter on another base, or adapter and full weights mixed: never resumed silently
+        if not same_base(
+            saved, mine
+        ):  # an adapter on another base, or adapter and full weights mixed: never resumed silently
             raise ValueError(
                 f"resume refused: the checkpoint's LoRA base is {saved or 'none (full weights)'}, this run's is "
                 f"{mine or 'none (full weights)'} (model.name_or_path={getattr(self.policy, 'name_or_path', None)!r})"

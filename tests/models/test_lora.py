@@ -213,6 +213,32 @@ def test_stopped_and_resumed_run_is_bit_identical_and_its_checkpoint_holds_the_a
                         f"run_dir={tmp_path / 'b'}"))  # fmt: skip
 
 
+def test_the_base_fingerprint_follows_the_files_not_the_folder_name(tiny_path: Path, tmp_path: Path) -> None:
+    """The same base copied under another name resumes; another config does not; a hub id is fingerprinted by the
+    snapshot in the Hugging Face cache (a new upstream revision is another base), by its name when none is cached."""
+    from mempo.lm.lora import base_fingerprint, same_base
+
+    copy_ = shutil.copytree(tiny_path, tmp_path / "renamed")
+    assert base_fingerprint(copy_) != base_fingerprint(tiny_path) and same_base(
+        base_fingerprint(copy_), base_fingerprint(tiny_path)
+    )
+    other = shutil.copytree(tiny_path, tmp_path / "other")
+    (other / "config.json").write_text(json.dumps({**json.loads((other / "config.json").read_text()), "x": 1}))
+    assert not same_base(base_fingerprint(other), base_fingerprint(tiny_path))
+    assert same_base(None, None) and not same_base(None, base_fingerprint(tiny_path))
+
+    hub = tmp_path / "hf" / "models--org--base"  # the Hugging Face cache's layout: refs/main -> snapshots/<commit>/
+    for rev, src in (("aaa", tiny_path), ("bbb", other)):
+        shutil.copytree(src, hub / "snapshots" / rev)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("aaa")
+    first = base_fingerprint("org/base", hf_cache_dir=str(tmp_path / "hf"))
+    assert same_base(first, base_fingerprint(tiny_path))
+    (hub / "refs" / "main").write_text("bbb")
+    assert not same_base(base_fingerprint("org/base", hf_cache_dir=str(tmp_path / "hf")), first)
+    assert base_fingerprint("org/not-cached", hf_cache_dir=str(tmp_path / "hf")) == "hub:org/not-cached"
+
+
 def test_the_plan_counts_the_adapters_peft_builds(tiny_path: Path, make_cfg) -> None:
     from mempo.stages.plan import model_shape, plan_memory
 
