@@ -87,6 +87,30 @@ def test_merged_tensors_equal_peft_merge_and_unload(tiny_path: Path) -> None:
     torch.testing.assert_close(token_logprobs(plain, ids, mask), token_logprobs(policy, ids, mask))
 
 
+def test_a_bf16_base_keeps_float32_adapters_and_merges_in_float32(tiny_path: Path) -> None:
+    """The 7B recipe's setting (model.dtype=bfloat16): the frozen base stays bf16, the adapters are float32, and the
+    merged weight is W + s B A computed in float32 from the bf16 W, checked against a plain product and sum (a bf16
+    merge would round the update away: NeMo-RL #3696)."""
+    policy = apply_lora(load_policy(tiny_path, dtype="bfloat16")[0], LoRAConfig(rank=RANK))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(1e-3 * torch.randn(p.shape, generator=gen))
+    adapters = {n: p for n, p in policy.named_parameters() if "lora_" in n}
+    assert adapters and all(p.dtype == torch.float32 and p.requires_grad for p in adapters.values())
+    state = policy.get_base_model().state_dict()
+    key = "model.layers.0.mlp.down_proj"
+    w = state[f"{key}.base_layer.weight"]
+    assert w.dtype == torch.bfloat16
+    a, b = state[f"{key}.lora_A.default.weight"], state[f"{key}.lora_B.default.weight"]
+    want = w.float() + (lora.LoRAConfig().alpha / RANK) * (b @ a)
+    merged = dict(merged_tensors(policy))
+    assert merged[f"{key}.weight"].dtype == torch.float32
+    torch.testing.assert_close(merged[f"{key}.weight"], want)
+    assert not torch.equal(merged[f"{key}.weight"].bfloat16().float(), merged[f"{key}.weight"])  # below bf16's step
+
+
 def _adapted_linears(model: nn.Module, layers: set[int] | None = None) -> list[nn.Linear]:
     out = []
     for i, layer in enumerate(model.get_decoder().layers):
