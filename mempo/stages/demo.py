@@ -154,4 +154,18 @@ def demo(cfg: DictConfig) -> dict[str, Any]:
         f"[mempo] done in {phases['total_s']:.0f} s ({took}); table: {out / 'summary.md'}; "
         f"curves: {summary['rl'].get('curves')}"
     )
+    say(reading(cfg))
     return summary
+
+
+def reading(cfg: DictConfig) -> str:
+    """What the demo's table shows and what it does not, printed under it (the README says the same)."""
+    n = "/".join(map(str, cfg.eval.objectives))
+    return (
+        f"[mempo] What the table shows: whether the warm start answers held-out {n}-question tasks, which it can "
+        f"only do by searching, with 95% intervals over its {cfg.eval.num_tasks} tasks. What it does not show: "
+        f"whether RL helps. The rl row is {cfg.trainer.max_steps} RL steps at one RL seed, a check that the loop "
+        "runs; differences of a few hundredths of EM are within the spread between RL seeds (docs/results.md). "
+        "For RL's effect, seeds as the unit: python experiments/run.py +exp=study "
+        f"study.warm_start={run_path(cfg) / 'sft' / 'hf'} (README, 'An ablation study in one command')."
+    )

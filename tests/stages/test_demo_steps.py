@@ -110,3 +110,11 @@ def test_the_demos_summary_adds_per_source_rows_only_with_several_sources(tmp_pa
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval"] == rows
     assert summary.get("eval_by_source") == (by_source or None)
+
+
+def test_the_demo_says_what_its_table_shows_and_what_not(tmp_path: Path) -> None:
+    from mempo.stages.demo import reading
+
+    text = reading(compose_config(f"run_dir={tmp_path}", "trainer.max_steps=3", "eval.num_tasks=32"))
+    assert "over its 32 tasks" in text and "3 RL steps at one RL seed" in text and "does not show" in text
+    assert f"+exp=study study.warm_start={tmp_path / 'sft' / 'hf'}" in text
