@@ -220,10 +220,10 @@ def base_fingerprint(model_path: str | Path, hf_cache_dir: str | None = None) ->
     if not path.is_dir():
         from huggingface_hub import try_to_load_from_cache
 
-        config = try_to_load_from_cache(str(model_path), "config.json", cache_dir=hf_cache_dir)
-        if not isinstance(config, str):  # not cached (None) or cached as missing
+        cached = try_to_load_from_cache(str(model_path), "config.json", cache_dir=hf_cache_dir)
+        if not isinstance(cached, str):  # not cached (None) or cached as missing
             return f"hub:{model_path}"
-        path = Path(config).parent  # snapshots/<commit>/
+        path = Path(cached).parent  # snapshots/<commit>/
     h = hashlib.sha256()
     config = json.loads((path / "config.json").read_text())
     config.pop("_name_or_path", None)

@@ -634,9 +634,8 @@ class MemPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("mempo", {})
         saved, mine = state.get("lora_base"), self.base_fingerprint if is_lora(self.policy) else None
-        if not same_base(
-            saved, mine
-        ):  # an adapter on another base, or adapter and full weights mixed: never resumed silently
+        # An adapter on another base, or adapter and full weights mixed: never resumed silently.
+        if not same_base(saved, mine):
             raise ValueError(
                 f"resume refused: the checkpoint's LoRA base is {saved or 'none (full weights)'}, this run's is "
                 f"{mine or 'none (full weights)'} (model.name_or_path={getattr(self.policy, 'name_or_path', None)!r})"

@@ -416,16 +416,13 @@ class HTTPRetriever:
         unreachable = isinstance(last, (urllib.error.URLError, ConnectionError)) and not isinstance(
             last, urllib.error.HTTPError
         )
-        timed_out = isinstance(last, TimeoutError) or isinstance(getattr(last, "reason", None), TimeoutError)
-        hint = (
-            f" Each POST carries at most {self.max_queries_per_post} queries (env.max_queries_per_post) and waits "
-            f"{self.timeout_s:g} s (env.timeout_s): for a slow server (a large index, a GPU shared with training) "
-            "raise env.timeout_s or lower env.max_queries_per_post."
-            if timed_out
-            else SERVER_HINT
-            if unreachable
-            else ""
-        )
+        hint = SERVER_HINT if unreachable else ""
+        if isinstance(last, TimeoutError) or isinstance(getattr(last, "reason", None), TimeoutError):
+            hint = (
+                f" Each POST carries at most {self.max_queries_per_post} queries (env.max_queries_per_post) and waits "
+                f"{self.timeout_s:g} s (env.timeout_s): for a slow server (a large index, a GPU shared with training) "
+                "raise env.timeout_s or lower env.max_queries_per_post."
+            )
         raise RetrieverError(
             f"retrieval server {self.url} failed after {attempts} attempt(s); last error: {last_desc}." + hint,
             url=self.url,
