@@ -1,4 +1,4 @@
-"""The memory plan (``mempo.stages.plan``) against one measured training micro-batch on this CPU.
+"""The memory plan (``mempo.capacity.gpu_memory``) against one measured training micro-batch on this CPU.
 
     python -m benchmarks.plan_vs_measured                     # tiny and SmolLM2-135M, 4 rows x 512 tokens
     python -m benchmarks.plan_vs_measured --models tiny --rows 2 --length 256
@@ -35,8 +35,8 @@ MIB = 2**20
 
 def plan_bytes(model: str, rows: int, length: int, scored: int, checkpointing: bool) -> dict[str, int]:
     """The plan's figures for this setting, composed as experiments/plan.py composes a config."""
+    from mempo.capacity.gpu_memory import plan_memory
     from mempo.stages.config import compose_config
-    from mempo.stages.plan import plan_memory
 
     cfg = compose_config(
         f"model.name_or_path={model}",

@@ -50,11 +50,12 @@ def main() -> None:
 
     import torch
 
+    from mempo.core.hardware import cpu_has_bf16
     from mempo.data.oracle import oracle_dataset
     from mempo.lm.loading import load_policy, resolve_model_path
     from mempo.models.sft import build_sft_examples, sft_dataloader
     from mempo.stages.builders import build_builder, build_env, synthetic_world
-    from mempo.stages.config import compose_config, cpu_has_bf16
+    from mempo.stages.config import compose_config
 
     cfg = compose_config()
     path = resolve_model_path(cfg.model.name_or_path, cache_dir=cfg.model.cache_dir)

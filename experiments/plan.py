@@ -1,7 +1,7 @@
 """Hydra entry point: ``python experiments/plan.py [+exp=NAME] [key=value ...]``: whether a run fits, per GPU.
 
 Composes and validates the config exactly as ``experiments/run.py`` does (the same overrides), then prints the memory
-plan of ``mempo.stages.plan`` against ``plan.gpu_gib`` (``plan.gpu_gib=24`` for a 24 GB GPU); the last line is
+plan of ``mempo.capacity.gpu_memory`` against ``plan.gpu_gib`` (``plan.gpu_gib=24`` for a 24 GB GPU); the last line is
 ``fits: yes`` or ``fits: no (needs N GiB, has M GiB)``. Nothing loads: the model's shape comes from its config.json.
 Exits 0 either way; 1 when the config is one the plan does not model (the message names the key).
 """
@@ -13,8 +13,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from mempo.capacity.gpu_memory import plan_memory, render
 from mempo.stages.config import validate_config  # importing it registers the schema config.yaml composes onto
-from mempo.stages.plan import plan_memory, render
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")

@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from mempo.eval.tables import pyplot
+
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
     """Rows of a metrics.csv as floats (an empty cell, or a column a row lacks, becomes NaN), sorted by step."""
@@ -63,10 +65,7 @@ def plot_runs(
     window: int = 5,
 ) -> Path:
     """One figure of the learning curves of ``run_dirs`` (each holding a metrics.csv) -> ``out`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     if labels is not None and len(labels) != len(run_dirs):

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from mempo.core.base import atomic_write_text, write_csv
-from mempo.eval.report import markdown_table, plot_vs_objectives
+from mempo.eval.report import plot_vs_objectives
 from mempo.eval.stats import bootstrap_ci
+from mempo.eval.tables import markdown_table
 
 HEADLINE_COLUMNS = [
     "arm", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "format_fail", "turns",

@@ -31,6 +31,7 @@ import torch
 
 from mempo.core.base import read_jsonl
 from mempo.data.synthetic import SyntheticQuestion
+from mempo.eval.tables import pyplot
 from mempo.rollout.agent import RolloutBatch, Trajectory, TurnSample
 
 CREDIT_FILE = "memory_credit.jsonl"
@@ -238,11 +239,7 @@ def render(rows: Sequence[Mapping[str, Any]], step_metrics: Sequence[Mapping[str
 
 def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> None:
     """Two panels: A^M against log10 P (complete memories apart), and mean A^M by turn per step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for complete, color, label in ((True, "tab:green", "states every value"), (False, "tab:red", "other")):
         rs = [r for r in records if bool(r["complete"]) == complete]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mempo.eval.seeds import compare, comparison_table
+from mempo.eval.tables import markdown_table, pyplot, save_figure
 
 METRIC = "p_gold"
 LOG10_FLOOR = -8.0  # the figure's left edge: P below 1e-8 is drawn there
@@ -140,7 +141,6 @@ def score_study(
 def score_markdown(study: Mapping[str, Any]) -> str:
     """The scored memories' two tables: per arm and N the per-seed mean P (tasks with memories), then the
     comparisons as ``mempo.eval.seeds.study_markdown`` shows EM's."""
-    from mempo.eval.report import markdown_table
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f}"
@@ -164,9 +164,7 @@ def plot_scores(
 ) -> Path:
     """Per arm (its seeds pooled; ``arms`` may hold the warm start as an arm of one seed) and N the distribution of
     log10 P(gold | q, m) under the fixed scorer, as step histograms of the share of memories, one panel per N."""
-    from mempo.eval.report import _plt, _save
-
-    plt = _plt()
+    plt = pyplot()
     ns = sorted({it.objectives for it in items}) or [0]
     fig, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.8), squeeze=False)
     bins = np.linspace(LOG10_FLOOR, 0.0, 33)
@@ -184,4 +182,4 @@ def plot_scores(
         ax.set_ylabel("share of memories")
         ax.set_title(f"N = {n}")
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
+from mempo.eval.seeds import parse_arm, seed_study, study_markdown
+from mempo.eval.tables import markdown_table, pyplot, save_figure
 
 TABLE_COLUMNS = [
     "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -22,18 +24,6 @@ TABLE_COLUMNS = [
 P_ANS_COLUMNS = ["checkpoint", "agent", "objectives", "task_id", "turn", "p_ans"]
 AGENT_LABELS = {"memory": "memory agent", "full_history": "full-history agent (ReAct)"}  # not the RL algorithm
 AGENT_STYLES = {"memory": "-", "full_history": "--"}
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
-    """A GitHub markdown table of ``rows`` (floats to 3 decimals)."""
-    head = "| " + " | ".join(cols) + " |"
-    sep = "| " + " | ".join("---" for _ in cols) + " |"
-    body = ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -105,28 +95,11 @@ def _colors(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {c: f"C{i % 10}" for i, c in enumerate(ckpts)}
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    """Lay out, write at 120 dpi and close a figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
-    return path
-
-
 def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     """F1 vs N, one line per checkpoint x agent, each point with its 95% bootstrap interval over tasks where the
     rows carry one (``f1_lo``, ``f1_hi``); the series are set slightly apart along N so their intervals do not hide
     each other (at a single N the figure is then its points side by side with their intervals)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colors = _colors(rows)
     series = _series(rows)
@@ -156,12 +129,12 @@ def plot_f1(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     ax.set_title(f"Answer F1 vs objectives per task ({num_tasks} tasks per N, greedy; bars: 95% CI)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Path:
     """TT and PT vs N side by side, one line per checkpoint x agent."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     colors = _colors(rows)
     panels = (
@@ -186,7 +159,7 @@ def plot_tokens(rows: list[dict[str, Any]], path: Path, *, num_tasks: int) -> Pa
     axes[1].set_title("Peak tokens (PT) vs N")
     axes[1].legend(fontsize=8)
     fig.suptitle(f"Token cost vs number of objectives ({num_tasks} tasks per N, greedy)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_vs_objectives(
@@ -203,7 +176,7 @@ def plot_vs_objectives(
     """``key`` against N, one line per value of ``rows[i][series]`` (solid for memory agents, dashed for
     full-history ones), with error bars from ``{key}_lo``/``{key}_hi`` where rows carry them. from_zero: the y axis
     starts at 0 (token counts: a ratio read off the plot is then the ratio of the values)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     lines: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -234,7 +207,7 @@ def plot_vs_objectives(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def p_ans_by_turn(p_ans: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, list[float]]]:
@@ -249,7 +222,7 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
     """Mean P(ans | q, m) by turn with the interquartile range shaded, one line per checkpoint x agent."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     groups = p_ans_by_turn(p_ans)
     colors = _colors([{"checkpoint": c} for c, _ in groups])
@@ -275,7 +248,7 @@ def plot_p_ans(p_ans: list[dict[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if groups:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 MEAN_AGGREGATION = "EM/F1: per task the mean over its objectives (SQuAD normalisation), then the mean over tasks"
@@ -474,8 +447,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def seed_level(args: Any) -> None:
     """``--arm`` mode: the seed-level tables (``mempo.eval.seeds``) of the evaluations' results.jsonl."""
-    from mempo.eval.seeds import parse_arm, seed_study, study_markdown
-
     if args.mean or args.base:
         raise SystemExit("--arm: --mean and --base are the tasks-only mode's; use --reference with --arm")
     records = [rec for d in args.eval_dirs for rec in read_records(Path(d) / "results.jsonl")]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mempo.eval.stats import t_interval, two_level_bootstrap, verdict
+from mempo.eval.tables import markdown_table
 
 Scores = Mapping[int, Mapping[str, float]]  # seed -> task_id -> a per-task value (EM or F1)
 METRICS = ("em", "f1")
@@ -142,7 +143,6 @@ def comparison_table(comparisons: Sequence[Mapping[str, Any]], metrics: Sequence
     """The comparisons of a seed-level report (rows {"arm", "against", "N", metric: ``compare``'s result}) as one
     markdown table: per-seed paired differences, their mean, the t-interval, the two-level bootstrap, the verdict. A
     comparison that could not be made (no "mean") shows its verdict alone."""
-    from mempo.eval.report import markdown_table
 
     rows, dfs = [], set()
     for c in comparisons:
@@ -175,7 +175,6 @@ def comparison_table(comparisons: Sequence[Mapping[str, Any]], metrics: Sequence
 def study_markdown(study: Mapping[str, Any]) -> str:
     """Two markdown tables of a ``seed_study``: the arms (per-seed EM and F1, seed means), then the comparisons
     (``comparison_table``)."""
-    from mempo.eval.report import markdown_table
 
     arm_rows = []
     for arm, e in study["arms"].items():
@@ -242,7 +241,6 @@ def turns_and_failures(
 def turns_and_failures_markdown(table: Mapping[str, Any]) -> str:
     """One row per arm and N: turns per task (per seed, mean) and the failure verdicts summed over seeds."""
     from mempo.eval.failures import VERDICTS
-    from mempo.eval.report import markdown_table
 
     rows = [
         {"arm": arm, "N": n, "turns per seed": ", ".join(f"{t:.2f}" for t in e["turns_per_seed"]), "turns": e["turns"]}

@@ -26,7 +26,7 @@ from typing import Any
 
 from mempo.core.base import atomic_write_text, write_csv
 from mempo.eval.curves import plot_runs, read_metrics
-from mempo.eval.report import markdown_table
+from mempo.eval.tables import markdown_table
 
 VAL_KEYS = ("val/em", "val/f1")
 OWN_KEYS = ("seed", "run_dir")  # overrides that tell a job apart without making it another sweep point

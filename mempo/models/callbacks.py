@@ -1,9 +1,19 @@
-"""``SamplerCallback``: owns the generation engine's life. The algorithm stays in ``MemPOModule``.
+"""The trainer's callbacks, one line each (the algorithm stays in ``MemPOModule``; these own what surrounds it):
 
-fit start: create the engine (and push the policy's weights if they differ from the folder it loaded, i.e. on
-resume); after every ``sync_every``-th optimizer step: push the policy's weights (the engine then samples from the
-updated policy); fit end or an exception: free. With sleep mode (GPU), the module sleeps the engine after its
-rollout, so the update has the accelerator's memory, and this callback wakes it before the push.
+    SamplerCallback      the generation engine's life: create, push the policy's weights, weight canary, free
+    StepCheckpoint       a full Lightning checkpoint every ``every_n_steps`` RL steps and at the end, written atomically
+    StepTimer            the wall time since this step's batch started (the base of the three below)
+    MetricsFile          one row per RL step of the module's metrics in ``metrics.csv`` (resume drops later rows)
+    MemoryCreditFile     each RL step's memory-credit records in a JSONL file (and a W&B table)
+    ValidationCallback   greedy rollouts of a fixed val set every ``every_n_steps`` RL steps (``val/em``, ``val/f1``)
+    PhaseProgress        a phase's progress bar and a console line per step (the base of the two below)
+    RLProgress           RL steps: ``[mempo] RL step 3/6: reward 0.562, EM 0.500, 51.8 s``
+    SFTProgress          warm-start steps: the bar with the loss
+
+``SamplerCallback`` in full. Fit start: create the engine (and push the policy's weights if they differ from the
+folder it loaded, i.e. on resume); after every ``sync_every``-th optimizer step: push the policy's weights (the engine
+then samples from the updated policy); fit end or an exception: free. With sleep mode (GPU), the module sleeps the
+engine after its rollout, so the update has the accelerator's memory, and this callback wakes it before the push.
 
 Weight canary: after every ``canary_every``-th push, the engine greedily continues a fixed probe prompt for
 ``canary_tokens`` tokens and the trainer scores the same tokens; a mean absolute log-prob difference above

@@ -53,7 +53,7 @@ from mempo.losses import (
 )
 from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
-from mempo.rollout.dynamic import Draw, groups_with_signal, merge_groups
+from mempo.rollout.dynamic import Draw, merge_groups, signal_group_ids
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
@@ -356,7 +356,7 @@ class MemPOModule(L.LightningModule):
         for round in range(self.redraw_rounds + 1):
             draw = draws[-1]
             have = sum(len(g) for _, g in kept)
-            gids = groups_with_signal(draw.adv, draw.x.response_mask, draw.x.group_ids)
+            gids = signal_group_ids(draw.adv, draw.x.response_mask, draw.x.group_ids)
             drawn_with_signal += len(gids)
             if gids[: wanted - have]:
                 kept.append((draw, gids[: wanted - have]))

@@ -32,7 +32,7 @@ class Draw:
     p_mem: torch.Tensor
 
 
-def groups_with_signal(adv: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor) -> list[int]:
+def signal_group_ids(adv: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor) -> list[int]:
     """The group ids (ascending) holding a turn sample with a nonzero advantage on some response token."""
     has = (adv.ne(0) & response_mask).any(-1)
     return sorted({int(g) for g, h in zip(group_ids.tolist(), has.tolist()) if h})

@@ -212,7 +212,7 @@ def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
     bm25s's own top-k (argpartition, then an unstable argsort) orders equal scores by whichever sort numpy
     dispatches to: on AVX512 machines its SIMD sort returned other tied passages, in another order, than on
     AVX2-only ones, so the synthetic world's teacher trajectories and every rollout differed between machine kinds
-    (tests/models/test_sft_pin.py's pins, made on AVX2, failed on AVX512-BF16). Ties are common there: templated
+    (tests/models/sft/test_sft_pin.py's pins, made on AVX2, failed on AVX512-BF16). Ties are common there: templated
     passages of equal length score equally for an entity they all name.
     """
     n = scores.shape[0]

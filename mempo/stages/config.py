@@ -6,7 +6,8 @@ structured schema Hydra's composed YAML is merged into: a key that does not exis
 a value of the wrong type is an error naming key and value, and every range and choice check runs in the group's
 own ``__post_init__`` -- all before any model loads. The groups defined here are the orchestration's own (trainer,
 logger, ckpt, headline, demo, study). Field defaults are the defaults; YAML group options state only their deltas
-from them (tests/test_config_contract.py holds both to that). Keys repeat the keyword names of the functions they feed.
+from them (tests/stages/test_config_contract.py holds both to that). Keys repeat the keyword names of the functions
+they feed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mempo.capacity.gpu_memory import PlanConfig
 from mempo.core.base import one_of, require
 from mempo.core.format import Tags
+from mempo.core.hardware import cpu_has_bf16
 from mempo.data.datamodule import DataConfig
 from mempo.eval.compare import EvalConfig
 from mempo.lm.loading import ModelConfig, check_model_path
@@ -30,7 +33,6 @@ from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import EnvConfig
 from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
-from mempo.stages.plan import PlanConfig
 from mempo.stages.rundir import register_resolver
 
 LOGGERS = ("csv", "wandb")
@@ -403,17 +405,6 @@ def require_eval_task_count(cfg: DictConfig, stage: str) -> int:
             "of held-out tasks per N (e.g. eval.num_tasks=64)"
         )
     return int(cfg.eval.num_tasks)
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16). Without them torch's bf16
-    matmuls fall back to a scalar kernel that runs several times slower than float32 (measured: a warm-start step
-    on an AVX2-only CPU took minutes under bf16 autocast)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:

@@ -10,7 +10,7 @@
 
 A second run reuses the warm start and the RL policy it finished (and says so), evaluates them again (greedy: the
 same table) and rewrites eval/; overwrite=true trains both again, resume=true continues RL from its checkpoint
-(``mempo.stages.run_steps``).
+(``mempo.stages.steps.run_steps``).
 
 Outputs: ``<run_dir>/summary.md`` (the table), ``summary.json`` (phases, timings, each step's summary), and each
 step's folder (``sft/``, ``rl/``, ``eval/``).
@@ -26,28 +26,11 @@ from omegaconf import DictConfig
 
 from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
-from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
+from mempo.core.hardware import cpu_kind
 from mempo.stages.builders import run_path
-from mempo.stages.config import DEMO_OWN_KEYS, cpu_has_bf16, exp_delta, require_eval_task_count
+from mempo.stages.config import DEMO_OWN_KEYS, exp_delta, require_eval_task_count
 from mempo.stages.rundir import run_record
-
-# Seconds per unit of work of each phase on a 2-core CPU, from the main job's phases measured on each kind of machine
-# (docs/results.md, "The main job's time"): the warm start per teacher objective (a task of N objectives counts N),
-# an RL step per rollout, in-training validation (RL's float32 engine) and the final evaluation (eval.engine_dtype=auto:
-# bf16 where the CPU has it) per held-out objective and checkpoint, and each phase's start-up (model load, the vLLM
-# engine). "avx512_bf16": trains in bf16 (measured); "avx2": no native bf16, trains and evaluates in float32 (the warm
-# start and the evaluation measured there on the earlier recipe; the RL step scaled by 2.7, the ratio measured
-# between the two kinds for training).
-DEMO_RATES: dict[str, dict[str, float]] = {
-    "avx512_bf16": {
-        "sft_objective": 2.87,
-        "rl_rollout": 4.9,
-        "val_objective": 1.7,
-        "eval_objective": 0.64,
-        "startup": 25.0,
-    },
-    "avx2": {"sft_objective": 5.1, "rl_rollout": 13.0, "val_objective": 2.5, "eval_objective": 2.5, "startup": 40.0},
-}
+from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
 
 
 def expected_seconds(cfg: DictConfig, kind: str) -> dict[str, float]:
@@ -74,18 +57,13 @@ def say_expected_time(cfg: DictConfig) -> None:
     trainer.accelerator=cpu)."""
     if cfg.trainer.accelerator != "cpu":
         return
-    kind = "avx512_bf16" if cpu_has_bf16() else "avx2"
+    kind = cpu_kind()
     t = expected_seconds(cfg, kind)
     what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
     say(
         f"[mempo] demo: expected about {t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start "
         f"~{t['sft'] / 60:.0f}, RL ~{t['rl'] / 60:.0f}, evaluation ~{t['eval'] / 60:.0f} min (more with fewer cores)"
     )
-
-
-def command_line_keys(cfg: DictConfig) -> set[str]:
-    """The dotted keys set on the command line (``sweep.overrides``: Hydra's task overrides), ``+``/``~`` removed."""
-    return {o.split("=", 1)[0].lstrip("+~") for o in cfg.sweep.overrides if "=" in o}
 
 
 def rl_overrides(cfg: DictConfig) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from mempo.core.console import progress, say
 from mempo.eval.compare import EvalConfig, GridResult, evaluate_grid
 from mempo.eval.report import log_to_wandb, write_report
 from mempo.lm.loading import load_policy, resolve_model_path
-from mempo.stages import stage
 from mempo.stages.builders import (
     build_builder,
     build_env,
@@ -29,6 +28,7 @@ from mempo.stages.builders import (
     synthetic_chains,
 )
 from mempo.stages.config import resolve_precision
+from mempo.stages.steps import stage
 
 
 @stage("eval")

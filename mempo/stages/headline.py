@@ -31,11 +31,11 @@ from mempo.core.base import write_json
 from mempo.core.console import say
 from mempo.eval.headline import write_headline
 from mempo.eval.report import read_records
-from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import run_path
 from mempo.stages.config import exp_delta, require_eval_task_count
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import run_record
+from mempo.stages.steps import Step, folders_arg, run_steps, stage, with_overrides
 
 WARM_STARTS = {"warm_start": "memory", "react_warm_start": "full_history"}  # label -> agent.context of its SFT data
 RL_ARMS = {  # arm -> (its warm start, the experiment file whose delta it applies; None = the run's config as is)

@@ -37,17 +37,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
+from mempo.core.hardware import cpu_kind
 from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study
 from mempo.eval.report import read_records
 from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, turns_and_failures_markdown
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
-from mempo.stages import Step, folders_arg, run_steps, stage, with_overrides
 from mempo.stages.builders import build_builder, group, run_path
-from mempo.stages.config import CONFIG_DIR, cpu_has_bf16, exp_delta, require_eval_task_count, resolve_precision
-from mempo.stages.demo import DEMO_RATES, command_line_keys
+from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import finished, held_outputs, run_record
+from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
 
 RUN_PY = CONFIG_DIR.parent / "run.py"  # the experiments/run.py of the code that is running (not an installed copy)
 REPO_ROOT = CONFIG_DIR.parents[1]
@@ -153,7 +153,7 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     """One console line at the start: how long this study should take on this kind of CPU (CPU runs only)."""
     if cfg.trainer.accelerator != "cpu":
         return
-    kind = "avx512_bf16" if cpu_has_bf16() else "avx2"
+    kind = cpu_kind()
     t = expected_seconds(cfg, runs, kind)
     what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
     k, arms = len(cfg.study.seeds), len(run_arms(cfg))

@@ -37,7 +37,6 @@ from mempo.models.module import MemPOModule
 from mempo.models.parallel import FSDP2Strategy, full_state_dict
 from mempo.models.sft import SFTExample, SFTModule, SFTSequence, build_sft_examples, pack_turns, sft_dataloader
 from mempo.rollout.retrievers import RetrieverError
-from mempo.stages import stage
 from mempo.stages.builders import (
     build_builder,
     build_env,
@@ -51,6 +50,7 @@ from mempo.stages.builders import (
 )
 from mempo.stages.config import check_paths, require_teacher, resolve_precision
 from mempo.stages.rundir import claim_run_dir, run_record
+from mempo.stages.steps import stage
 
 # Lightning notices that do not apply here: modules are switched between eval (rollouts, scoring) and train (the
 # update) by the module itself; batches are lists of tasks, which the module keeps on the host on purpose.
@@ -154,8 +154,8 @@ def fit_or_stop_all(trainer: L.Trainer, module: Any, data: Any, ckpt_path: str |
     """``trainer.fit``; when it raises on the rank that launched the others (Lightning's rank 0 starts ranks 1..W-1
     as child processes), the children are killed before the error propagates, as Lightning does on Ctrl-C. A rank
     waiting in an NCCL collective for a peer that is gone waits until the process-group timeout (30 min); over gloo
-    it fails at once (tests/models/test_failing_rank.py measured 3-4 s on two CPU processes, with or without this).
-    A child that fails is seen by rank 0's Lightning observer, which kills every process."""
+    it fails at once (tests/models/parallel/test_failing_rank.py measured 3-4 s on two CPU processes, with or without
+    this). A child that fails is seen by rank 0's Lightning observer, which kills every process."""
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
     try:
@@ -272,7 +272,7 @@ def fit_rl(
 def sft_data(cfg: DictConfig, tokenizer: Any) -> tuple[list, list[SFTExample], list[SFTSequence], DataLoader]:
     """The warm start's data as the sft stage trains on it -> (teacher trajectories, their turns replayed through the
     agent's prompt builder and environment, the training rows, the loader whose batches are the optimizer steps in
-    order). tests/models/test_sft_pin.py pins these batches on a small config."""
+    order). tests/models/sft/test_sft_pin.py pins these batches on a small config."""
     s = cfg.sft
     require_teacher(cfg)
     if s.trajectories:

@@ -1,7 +1,7 @@
 """The evaluation grid on scripted trajectories (exact token accounting, memory scoring) and the report files.
 
-``ScriptedSampler`` (tests/scripted.py) writes the turns: what is under test is the accounting and the report, not
-the model. The tiny model still scores the memories.
+``ScriptedSampler`` (tests/support/scripted.py) writes the turns: what is under test is the accounting and the
+report, not the model. The tiny model still scores the memories.
 """
 
 from __future__ import annotations

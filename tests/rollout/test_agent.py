@@ -1,6 +1,6 @@
 """The agent loop: context reset vs full history, batching, exact token ids, masks, format failures, token counts.
 
-Loop-logic tests drive the loop with ``ScriptedSampler`` (tests/scripted.py says why); the real SmolLM2 through
+Loop-logic tests drive the loop with ``ScriptedSampler`` (tests/support/scripted.py says why); the real SmolLM2 through
 vLLM runs the same loop in the slow test at the bottom.
 """
 

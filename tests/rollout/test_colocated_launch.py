@@ -1,6 +1,6 @@
 """One vLLM engine per device in a data-parallel job (``colocated_launch``), on a mocked two-rank CUDA context: the
 CPU cannot show GPU placement (vLLM-CPU runs on the CPU whatever the rank), so the engine's arguments and environment
-are checked here, and tests/models/test_fsdp.py runs the same executor for real on two CPU processes."""
+are checked here, and tests/models/parallel/test_fsdp.py runs the same executor for real on two CPU processes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A data-parallel fit of the tiny model on two CPU processes (gloo) under ``trainer=ddp`` or ``trainer=fsdp``,
-recording what tests/models/test_fsdp.py compares (the ranks use different micro-batch sizes: unequal work). Run as
+recording what tests/models/parallel/test_fsdp.py compares (the ranks use different micro-batch sizes: unequal
+work). Run as
 
-    python tests/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate|vllm] [override ...]
+    python tests/support/fsdp_probe.py RUN_DIR ddp|fsdp [hf|separate|vllm] [override ...]
 
 Every rank r writes ``RUN_DIR/probe-rank<r>.pt``: {"weights": the full policy weights after each step (a DDP rank's
 own replica; under FSDP gathered by all ranks), "tasks": every rank's tasks per step, "grads": the full step-1

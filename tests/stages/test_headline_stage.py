@@ -2,7 +2,7 @@
 each arm evaluated with its own agent on the same tasks, the RL arms on one budget, the ReAct warm start built
 from full-history renderings of the same teacher trajectories, and a second run that retrains nothing.
 
-That the full-history renderings equal the agent loop's prompts token for token is tests/models/test_sft_wiring.py.
+That the full-history renderings equal the agent loop's prompts token for token is tests/models/sft/test_sft_wiring.py.
 """
 
 from __future__ import annotations

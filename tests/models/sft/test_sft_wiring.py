@@ -1,8 +1,8 @@
 """The supervised warm start against the agent loop and a hand-computed loss, and smoke runs of the ``sft`` and
 ``demo`` stages through ``+debug=default`` (which keeps the experiment's stage).
 
-The agent loop runs with ``ScriptedSampler`` writing the oracle's turns (tests/scripted.py): SFT replays a teacher's
-turns, so the loop must see exactly those turns for the prompts to be comparable.
+The agent loop runs with ``ScriptedSampler`` writing the oracle's turns (tests/support/scripted.py): SFT replays a
+teacher's turns, so the loop must see exactly those turns for the prompts to be comparable.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A two-process CPU fit (gloo, the tiny model, the HF sampler) in which one rank raises in its rollout of step 2,
-after step 1's collectives: tests/models/test_failing_rank.py checks that every process exits. Run as
+after step 1's collectives: tests/models/parallel/test_failing_rank.py checks that every process exits. Run as
 
-    python tests/failing_rank_probe.py RUN_DIR ddp|fsdp FAIL_RANK
+    python tests/support/failing_rank_probe.py RUN_DIR ddp|fsdp FAIL_RANK
 
 The failing rank writes ``RUN_DIR/raised-rank<r>.txt`` (the wall-clock time of the raise) just before raising.
 """

@@ -1,8 +1,8 @@
 """``trainer=fsdp`` (FSDP2 through Lightning's ModelParallelStrategy) on two CPU processes (gloo), the tiny model.
 
-Each fit runs tests/fsdp_probe.py in a subprocess (Lightning starts rank 1 by re-running it), which saves, per rank,
-the full step-1 gradients and the full weights after each step. Both strategies use seed 3, the same config and the
-same rollouts from the same weights; they differ only in how gradients are reduced. The DDP run takes 2 steps. The
+Each fit runs tests/support/fsdp_probe.py in a subprocess (Lightning starts rank 1 by re-running it), which saves, per
+rank, the full step-1 gradients and the full weights after each step. Both strategies use seed 3, the same config and
+the same rollouts from the same weights; they differ only in how gradients are reduced. The DDP run takes 2 steps. The
 FSDP run takes step 1 with the sharded policy generating in lock step, stops, and resumes for step 2 through a
 separate engine (its own unsharded copy of the starting weights), so step 2 equals DDP's only if the checkpoint was
 restored (weights, AdamW state, RNG, data position) and the gathered weights were streamed into the engine before its
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,23 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from parallel_probe import run_fsdp_probe as _probe
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LR = 1e-3  # the probes' optim.lr
-
-
-def _probe(run_dir: Path, strategy: str, *args: str) -> list[dict]:
-    """Runs the probe -> each rank's record; a hang (ranks out of step) fails after 300 s and kills both ranks (rank 1
-    is Lightning's child process: the whole process group goes)."""
-    cmd = [sys.executable, str(ROOT / "tests" / "fsdp_probe.py"), str(run_dir), strategy, *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=300)  # a 2-step probe takes about 40 s here
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err.decode()[-3000:]
-    return [torch.load(run_dir / f"probe-rank{r}.pt") for r in (0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +96,7 @@ def test_ranks_with_unequal_work_finish_instead_of_hanging(tiny_path: Path, tmp_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    cmd = [sys.executable, str(ROOT / "tests" / "lockstep_probe.py"), str(tiny_path), str(tmp_path)]
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "lockstep_probe.py"), str(tiny_path), str(tmp_path)]
     procs = [
         subprocess.Popen(cmd, env={**env, "RANK": str(r)}, cwd=ROOT, stderr=subprocess.PIPE, start_new_session=True)
         for r in (0, 1)

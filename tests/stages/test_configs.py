@@ -11,7 +11,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from mempo.stages.config import validate_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "exp").glob("*.yaml"))
 

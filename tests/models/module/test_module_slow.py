@@ -11,7 +11,7 @@ import torch
 from mempo.lm.loading import load_policy
 from mempo.stages.train import fit_rl
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow

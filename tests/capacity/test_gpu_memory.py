@@ -1,4 +1,4 @@
-"""The memory plan (mempo.stages.plan): exact parameter counts, the sharding arithmetic worked out by hand, the
+"""The memory plan (mempo.capacity.gpu_memory): exact parameter counts, the sharding arithmetic worked out by hand, the
 activation formula, the fits line, and the shipped GPU experiments' verdicts."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from mempo.lm.loading import load_policy, train_top_layers
-from mempo.stages.config import compose_config
-from mempo.stages.plan import (
+from mempo.capacity.gpu_memory import (
     GIB,
     KNOWN_CONFIGS,
     EngineInputs,
@@ -29,6 +27,8 @@ from mempo.stages.plan import (
     plan_memory,
     render,
 )
+from mempo.lm.loading import load_policy, train_top_layers
+from mempo.stages.config import compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

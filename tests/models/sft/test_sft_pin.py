@@ -6,7 +6,7 @@ loss function, and the change shipped as "unchanged". A change that moves these 
 update the pins in the same commit, with the main job's table before and after it (same seed, same machine) in the
 commit message.
 
-To print the current figures: ``python tests/models/test_sft_pin.py`` (run from the repository root).
+To print the current figures: ``python tests/models/sft/test_sft_pin.py`` (run from the repository root).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One rank fails, every rank stops: a two-process CPU fit in which rank 0 or rank 1 raises in its rollout of step 2
-(tests/failing_rank_probe.py). A rank left waiting in a collective for a peer that is gone would hang until the
+(tests/support/failing_rank_probe.py). A rank left waiting in a collective for a peer that is gone would hang until the
 process group's timeout (30 min); the test bounds the time from the raise until every process of the job has exited,
 and prints it (the figures in the README's scaling section)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BOUND_S = 60  # far below any collective timeout, far above a clean exit's few seconds
 
 
@@ -29,7 +29,8 @@ def _alive(pgid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "fail_rank"), [("ddp", 0), ("ddp", 1), ("fsdp", 0)])
 def test_every_process_exits_soon_after_one_rank_raises(strategy: str, fail_rank: int, tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "tests" / "failing_rank_probe.py"), str(tmp_path), strategy, str(fail_rank)]
+    probe = ROOT / "tests" / "support" / "failing_rank_probe.py"
+    cmd = [sys.executable, str(probe), str(tmp_path), strategy, str(fail_rank)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=300)

@@ -1,7 +1,7 @@
 """One rank of a two-process gloo group in which the ranks have unequal work over an FSDP2-sharded tiny model: run by
-tests/models/test_fsdp.py as
+tests/models/parallel/test_fsdp.py as
 
-    RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/lockstep_probe.py MODEL_DIR OUT_DIR
+    RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/support/lockstep_probe.py MODEL_DIR OUT_DIR
 
 Rank 0 has five sequences to score, three prompts to generate for and two tasks to play; rank 1 one sequence, one
 prompt, nothing to score by answer and no task. Without the lock step (padded micro-batches, padded generate rows

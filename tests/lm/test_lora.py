@@ -1,7 +1,7 @@
 """LoRA (``model.lora``, ``mempo.lm.lora``) against values computed independently: the base model loaded on its own,
 peft's own ``merge_and_unload``, parameter counts from the layers' shapes, a straight run against a stopped and resumed
 one; planted bugs (a peft name leaked into the push) fail before the engine sees them. The vLLM push and the
-two-process runs are in tests/models/test_lora_slow.py."""
+two-process runs are in tests/lm/test_lora_slow.py."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ def test_the_base_fingerprint_follows_the_files_not_the_folder_name(tiny_path: P
 
 
 def test_the_plan_counts_the_adapters_peft_builds(tiny_path: Path, make_cfg) -> None:
-    from mempo.stages.plan import model_shape, plan_memory
+    from mempo.capacity.gpu_memory import model_shape, plan_memory
 
     shape = model_shape(str(tiny_path))
     for top in (None, 1):

@@ -12,7 +12,7 @@ from mempo.stages.builders import run_path
 from mempo.stages.config import check_paths
 from mempo.stages.train import fit_rl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"question": "Who founded Brask Holdings?", "golden_answers": ["Ann"]}
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
-from models.test_fsdp import _probe  # noqa: E402
+from parallel_probe import run_fsdp_probe as _probe  # noqa: E402
 
 from mempo.lm import lora  # noqa: E402
 from mempo.models import callbacks  # noqa: E402
@@ -72,9 +72,9 @@ def test_planted_push_of_the_unmerged_base_is_caught(make_cfg, tiny_path, tmp_pa
 
 
 def test_ddp_and_fsdp2_end_with_the_same_adapter(tmp_path) -> None:
-    """tests/fsdp_probe.py with LoRA (rank 4) on two gloo processes, 2 steps each, the engine a separate unsharded
-    copy (every step's merged push lands in it, checked by the canary). FSDP2 and DDP reduce the same gradients in
-    another order: equal to float32 rounding."""
+    """tests/support/fsdp_probe.py with LoRA (rank 4) on two gloo processes, 2 steps each, the engine a separate
+    unsharded copy (every step's merged push lands in it, checked by the canary). FSDP2 and DDP reduce the same
+    gradients in another order: equal to float32 rounding."""
     ddp = _probe(tmp_path / "ddp", "ddp", "separate", "model.lora.rank=4", "trainer.max_steps=2")
     fsdp = _probe(tmp_path / "fsdp", "fsdp", "separate", "model.lora.rank=4", "trainer.max_steps=2")
     a, b = ddp[0]["weights"][2], fsdp[0]["weights"][2]

@@ -76,6 +76,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.base import require
+from mempo.core.hardware import cpu_has_bf16
 from mempo.data.datamodule import per_rank_batch, tasks_per_step_line
 from mempo.lm.loading import SMOLLM2, TINY, cache_root, tiny_config
 from mempo.lm.logprobs import token_logprobs
@@ -259,7 +260,7 @@ def model_shape(name_or_path: str, *, cache_dir: str | None = None) -> ModelShap
     if (folder / "config.json").is_file():
         return ModelShape.from_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
     if name in KNOWN_CONFIGS:
-        return ModelShape.from_config(KNOWN_CONFIGS[name], f"{name} (published config, mempo.stages.plan)")
+        return ModelShape.from_config(KNOWN_CONFIGS[name], f"{name} (published config, mempo.capacity.gpu_memory)")
     if name == TINY:
         return ModelShape.from_config(tiny_config(SMOLLM2_VOCAB).to_dict(), "tiny (mempo.lm.loading.tiny_config)")
     raise ValueError(
@@ -332,8 +333,6 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
     on_gpu = t.accelerator in ("gpu", "cuda", "auto")
     precision = t.precision
     if precision == "auto":
-        from mempo.stages.config import cpu_has_bf16  # config imports this module's PlanConfig
-
         # The plan is for the target machine: "auto" is bf16-mixed on any GPU, whatever this machine has.
         precision = "bf16-mixed" if on_gpu or cpu_has_bf16() else "32-true"
     if precision not in PRECISIONS:

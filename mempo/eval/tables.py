@@ -1,0 +1,38 @@
+"""Markdown tables and matplotlib figures: the leaf every report of ``mempo.eval`` formats with (imports no mempo
+module, so the reports import it and never each other for a formatter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def fmt_cell(v: Any) -> str:
+    """A table cell: floats to 3 decimals, anything else as ``str``."""
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    """A GitHub markdown table of ``rows`` (floats to 3 decimals)."""
+    head = "| " + " | ".join(cols) + " |"
+    sep = "| " + " | ".join("---" for _ in cols) + " |"
+    body = ["| " + " | ".join(fmt_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display: figures are only written to files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out, write at 120 dpi and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
