@@ -1,7 +1,8 @@
 """The real-data path end to end with nothing downloaded (issue 38): the synthetic world exported in the formats real
 data comes in (Search-R1 corpus, FlashRAG jsonl, MEM1 parquet, teacher JSONL), served by a separate process that
-speaks Search-R1's /retrieve protocol, then the README's "Real data" commands, read from its block and shrunk to the
-tiny model, run one after the other: warm start, 2 RL steps, evaluation."""
+speaks Search-R1's /retrieve protocol, then the real-data guide's commands (docs/guide/real-data.md, the block a user
+copies), read from its block and shrunk to the tiny model, run one after the other: warm start, 2 RL steps,
+evaluation."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ from mempo.stages.builders import build_builder, build_env, build_tasks, group
 from mempo.stages.config import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
-README_PORT = "127.0.0.1:8000"
+GUIDE = ROOT / "docs" / "guide" / "real-data.md"  # where the user reads the commands
+GUIDE_PORT = "127.0.0.1:8000"
 PINNED = ["env.topk=2", "env.max_passage_tokens=64", "env.max_obs_tokens=null"]  # the synthetic defaults
-# What the test adds to the README's commands: a tiny model, a few tasks, short turns (later overrides win).
+# What the test adds to the guide's commands: a tiny model, a few tasks, short turns (later overrides win).
 SHRINK = {
     "sft": ["sampler=hf", "sft.max_steps=2", "sft.batch_size=4"],
     "rl": ["sampler=hf", "trainer.max_steps=2", "data.batch_size=2", "data.group_size=2", "agent.max_turns=2"],
@@ -40,12 +42,12 @@ SHRINK = {
 SHRINK_ALL = ["sampler.max_new_tokens=12"]
 
 
-def readme_commands(data: Path, runs: Path, port: int) -> list[list[str]]:
-    """The README's real-data block, one argv per command, with its placeholders substituted."""
-    text = (ROOT / "README.md").read_text()
+def guide_commands(data: Path, runs: Path, port: int) -> list[list[str]]:
+    """The real-data guide's command block, one argv per command, with its placeholders substituted."""
+    text = GUIDE.read_text()
     block = re.search(r"<!-- real-data-commands -->\n```bash\n(.*?)```", text, re.S)
-    assert block, "README.md has no real-data command block"
-    subs = {"DATA": str(data), "RUNS": str(runs), "MODEL": "tiny", README_PORT: f"127.0.0.1:{port}"}
+    assert block, f"{GUIDE.relative_to(ROOT)} has no real-data command block"
+    subs = {"DATA": str(data), "RUNS": str(runs), "MODEL": "tiny", GUIDE_PORT: f"127.0.0.1:{port}"}
     subs["--port 8000"] = f"--port {port}"
     out = []
     for line in block.group(1).splitlines():
@@ -79,7 +81,7 @@ def script(text: str) -> str:
 
 def test_real_data_path_end_to_end(tmp_path, tiny_path):
     data, runs, port = tmp_path / "data", tmp_path / "runs", free_port()
-    export, serve, *stages = readme_commands(data, runs, port)
+    export, serve, *stages = guide_commands(data, runs, port)
     assert export[:3] == ["python", "-m", "mempo.data.export"]
     assert serve[:3] == ["python", "-m", "mempo.rollout.retrieval_server"]
     assert export_main(export[3:]) == 0
@@ -122,7 +124,7 @@ def test_real_data_path_end_to_end(tmp_path, tiny_path):
         assert len(seen["files"][2]) == 12 and seen["files"] == seen["in_process"]
         assert all("<information>Doc 1 (Title: " in p for p in seen["files"][0][6:])
 
-        # The README's commands: warm start, 2 RL steps, evaluation, purely from the files and the server.
+        # The guide's commands: warm start, 2 RL steps, evaluation, purely from the files and the server.
         summaries = {}
         for argv in stages:
             assert argv[0] == "python" and argv[1] in ("experiments/run.py", "experiments/eval.py")

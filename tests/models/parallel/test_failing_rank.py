@@ -1,7 +1,7 @@
 """One rank fails, every rank stops: a two-process CPU fit in which rank 0 or rank 1 raises in its rollout of step 2
 (tests/support/failing_rank_probe.py). A rank left waiting in a collective for a peer that is gone would hang until the
 process group's timeout (30 min); the test bounds the time from the raise until every process of the job has exited,
-and prints it (the figures in the README's scaling section)."""
+and prints it (the figures in docs/performance.md, "A failing rank's exit time")."""
 
 from __future__ import annotations
 
