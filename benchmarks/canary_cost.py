@@ -5,7 +5,7 @@
     python -m benchmarks.canary_cost --model smollm2-135m-instruct --sampler vllm   # the demo's engine
 
 Prints the median and max seconds over ``--repeats`` checks after one warm-up check. Compare with a step's
-``perf/step_s`` in metrics.csv (about 60 s for the demo's RL step on this machine, README).
+``perf/step_s`` in metrics.csv (about 60 s for the demo's RL step on this machine).
 """
 
 from __future__ import annotations

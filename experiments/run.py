@@ -1,4 +1,4 @@
-"""Hydra entry point: ``python experiments/run.py [+exp=NAME] [key=value ...]``; ``-m`` sweeps (README, Sweeps).
+"""Hydra entry point: ``python experiments/run.py [+exp=NAME] [key=value ...]``; ``-m`` sweeps (docs/guide/sweeps.md).
 
 Composes ``experiments/configs`` (an experiment file overrides the main config globally), sets ``run_dir`` to
 Hydra's output folder of the job (a multirun's job: ``<run_dir>/<job number>``; a W&B sweep agent's run:
