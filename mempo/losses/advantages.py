@@ -81,7 +81,7 @@ def memory_advantage(
     scale: bool = True,
     std_floor: float = 0.0,
 ) -> Tensor:
-    """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, mempo.md §3).
+    """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, docs/algorithm.md §3).
 
     normalize: "pooled" (all memories of all rollouts of a task together) or "per_turn" (memories written at the
     same turn index of the same task). scale=False only centers; std_floor bounds the divisor from below.

@@ -4,7 +4,7 @@ Implementations: ``VLLMSampler`` (mempo.rollout.vllm_sampler, a colocated vLLM e
 ``HFSampler`` (mempo.rollout.hf_sampler, transformers ``generate``: the reference and the fallback).
 
 Log-probs are always the *raw* policy's (no temperature / top-p applied), so they can serve as ``old_logp`` of
-the PPO ratio (mempo.md §4) and are comparable to a plain fp32 forward of the same weights.
+the PPO ratio (docs/algorithm.md §4) and are comparable to a plain fp32 forward of the same weights.
 """
 
 from __future__ import annotations
