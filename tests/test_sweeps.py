@@ -1,4 +1,4 @@
-"""Sweeps keep every run (issue 26). The bugs: every job of ``run.py -m ... seed=0,1 run_dir=D`` wrote into D (one
+"""Sweeps keep every run. The bugs: every job of ``run.py -m ... seed=0,1 run_dir=D`` wrote into D (one
 metrics.csv, one checkpoint, seed 1's config), every run of a W&B sweep spec into runs/mempo, a rerun without
 resume replaced a run without a word, and the sweep specs ranked points by the training reward and compared the 7B
 GPU setting with CPU defaults.

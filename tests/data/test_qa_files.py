@@ -165,7 +165,7 @@ def test_loaded_questions_go_through_the_composer(tmp_path: Path) -> None:
     assert len(load_qa_tasks(path, 2, num_tasks=7, seed=3, prefix="mix")) == 7
 
 
-# ---- real-data formats (issue 38): data_source, null cells, MEM1's pre-composed tasks --------------------------
+# ---- real-data formats: data_source, null cells, MEM1's pre-composed tasks -------------------------------------
 
 
 def mem1_row(questions: list[str], target: list[list[str]], source: str = "hotpotqa") -> dict:

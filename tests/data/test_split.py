@@ -72,7 +72,7 @@ def test_build_tasks_trains_and_evaluates_on_different_worlds() -> None:
     assert all(q.startswith("w7919-") for q in val_qids) and len(val_qids) == 64
 
 
-# ---- issue 38: qa_files splits through build_tasks -------------------------------------------------------------
+# ---- real data: qa_files splits through build_tasks ------------------------------------------------------------
 
 
 def _qa(path, questions, source="nq"):

@@ -480,7 +480,7 @@ def test_http_rejects_bad_retry_settings():
         HTTPRetriever("http://127.0.0.1:1/retrieve", timeout_s=0)
 
 
-# ---- real corpora (issue 38): chunked POSTs, waiting for a server that loads its index, the hint -----------------
+# ---- real corpora: chunked POSTs, waiting for a server that loads its index, the hint ----------------------------
 
 
 def test_queries_go_in_chunks_and_a_retry_resends_one_chunk(bm25: BM25Retriever):
