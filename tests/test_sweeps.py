@@ -47,7 +47,7 @@ def metrics(folder: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def multirun(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The issue's command: ``run.py -m +exp=ablation_nomem +debug=default seed=0,1 run_dir=D`` -> D."""
+    """The command that lost runs: ``run.py -m +exp=ablation_nomem +debug=default seed=0,1 run_dir=D`` -> D."""
     sweep = tmp_path_factory.mktemp("sweep") / "mr"
     out = run_py("-m", *FAST, "seed=0,1", f"run_dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -87,7 +87,7 @@ def _qa(path, questions, source="nq"):
 
 
 def test_qa_files_splits_capacity_and_overlap(make_cfg, tmp_path):
-    """Review C4/C5: eval.num_tasks above the split silently reused questions, and eval.split=test read the val
+    """eval.num_tasks above the split silently reused questions, and eval.split=test read the val
     files. Now: null = each question once; more than the split holds is an error naming the numbers; test reads
     data.test_files and refuses a question also in the training or validation files."""
     from mempo.stages.builders import build_tasks
