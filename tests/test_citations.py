@@ -4,8 +4,9 @@ Four checks, each a small function over one file's lines that returns ``path:lin
 
 1. ``external_citations``: a citation of something a clone does not have: the background notes (``mempo.md``,
    ``environment.md``, ``architecture.md`` by bare name), ``docs/reviews/``, ``shared/docs``, or an issue of this
-   project's tracker (``issue 23``, ``issues 40 and 41``, ``issue #5``, a bare ``#3696``). Another project's issue
-   may be cited as its full URL (``https://github.com/OWNER/REPO/issues/N`` does not match).
+   project's tracker (``issue 23``, ``issues 40 and 41``, ``issue #5``, a bare ``#3696``), or an external review's
+   finding by its label (``Review B2``). Another project's issue may be cited as its full URL
+   (``https://github.com/OWNER/REPO/issues/N`` does not match).
 2. ``missing_paths``: a token that starts with a tracked top-level folder (``mempo/``, ``tests/``, ...) and ends in a
    file suffix or a slash, after trailing punctuation and ``:line`` / ``::node`` suffixes are cut off, that names no
    tracked file or folder. Tokens with placeholders and the outputs in ``OUTPUT_PATHS`` are skipped.
@@ -66,6 +67,7 @@ EXTERNAL = re.compile(
     r"(?<![\w/.-])(?:mempo|environment|architecture)\.md"  # the background notes, by bare name
     r"|docs/reviews/|shared/docs"
     r"|\bissues?\s+#?\d+"  # this project's tracker: issue 23, issues 40 and 41, issue #5
+    r"|\breview [A-D]\d"  # a finding of an external review by its label (Review B2)
     r"|(?<![\w/&#])#\d{3,}\b",  # a bare issue number (#3696): cite another project's issue by its URL
     re.IGNORECASE,
 )
@@ -185,8 +187,8 @@ def check_tree(repo: Repo, checks: Sequence[Check] = CHECKS) -> list[Finding]:
             lines = repo.lines(path)
         except UnicodeDecodeError:
             continue
-        for check in checks:
-            out += check(path, lines, repo)
+        found = [finding for check in checks for finding in check(path, lines, repo)]
+        out += sorted(found, key=lambda finding: int(finding.split(":")[1]))  # by line; stable within one
     return out
 
 
@@ -255,7 +257,7 @@ def test_external_citations_are_caught(tmp_path: Path) -> None:
     planted = """\"\"\"Eq. 5 (mempo.md §3).
 
 See docs/reviews/rl-signal.md and ../shared/docs/environment.md.
-Measured in issue 23; studies of issues 40 and 41; Issue #5; NeMo-RL #3696; environment.md.
+Measured in issue 23; studies of issues 40 and 41; Issue #5; NeMo-RL #3696; environment.md; Review B2.
 Live: docs/algorithm.md §1, https://github.com/Lightning-AI/pytorch-lightning/issues/19626, the issue.
 \"\"\"
 """
@@ -268,6 +270,7 @@ Live: docs/algorithm.md §1, https://github.com/Lightning-AI/pytorch-lightning/i
         "mempo/a.py:4: cites outside the repository ('Issue #5')",
         "mempo/a.py:4: cites outside the repository ('#3696')",
         "mempo/a.py:4: cites outside the repository ('environment.md')",
+        "mempo/a.py:4: cites outside the repository ('Review B2')",
     ]
 
 
