@@ -35,9 +35,10 @@ SECTIONS = {
     "logprob": "benchmarks.logprob_memory",
     "trl": "benchmarks.trl_compare",
 }
-# (section, key, target, direction): the targets on this machine. trl.ratio is the ratio of the medians of
-# at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict). A figure whose
-# ``<key>_range`` (the lowest and highest ratio of any repeat pair) spans its target is reported as inconclusive.
+# (section, key, target, direction): the targets on this machine (docs/performance.md). trl.ratio is the ratio of the
+# medians of at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict). A
+# figure whose ``<key>_range`` (the lowest and highest ratio of any repeat pair) spans its target is reported as
+# inconclusive.
 TARGETS = [
     ("sampler", "vllm_vs_raw", 0.9, ">="),
     ("trl", "ratio", 0.5, "<="),

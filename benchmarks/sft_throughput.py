@@ -4,7 +4,7 @@
 
 Compares, on the same length-bucketed batches and the trainer's precision (``--precision auto``: bf16 autocast on
 CPUs with native bf16, else float32; ``--precision both`` adds the head_target side under the other one):
-  head_all     the output head and log-softmax on every position (the warm start before issue 11)
+  head_all     the output head and log-softmax on every position (the warm start before ``score_mask``)
   head_target  only on the teacher's tokens (``score_mask``, the warm start now)
 Each side: one warm-up step, then ``--steps`` timed optimizer steps (forward, backward, AdamW); figures are the
 median step's tokens per second (prompt + target tokens read) and the ratio head_target / head_all.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Screening probes for RL recipe variants (issue 23's protocol, docs/results.md section 2): from one pinned warm
+# Screening probes for RL recipe variants (the protocol of docs/results.md, section 2): from one pinned warm
 # start, a few RL steps of the demo recipe per probe (config.yaml: 2 steps of 2 tasks x G=4, the RL seed fixed),
 # memory scoring logged in every arm (memory.log_p_ans=true) with its memory credit, then one greedy evaluation of
 # every probe and the warm start on seed 0's held-out two-question tasks (eval.num_tasks of them, 64 by default):

@@ -1,4 +1,4 @@
-"""The real-data path end to end with nothing downloaded (issue 38): the synthetic world exported in the formats real
+"""The real-data path end to end with nothing downloaded: the synthetic world exported in the formats real
 data comes in (Search-R1 corpus, FlashRAG jsonl, MEM1 parquet, teacher JSONL), served by a separate process that
 speaks Search-R1's /retrieve protocol, then the real-data guide's commands (docs/guide/real-data.md, the block a user
 copies), read from its block and shrunk to the tiny model, run one after the other: warm start, 2 RL steps,

@@ -1,4 +1,4 @@
-"""Sweeps keep every run (issue 26). The bugs: every job of ``run.py -m ... seed=0,1 run_dir=D`` wrote into D (one
+"""Sweeps keep every run. The bugs: every job of ``run.py -m ... seed=0,1 run_dir=D`` wrote into D (one
 metrics.csv, one checkpoint, seed 1's config), every run of a W&B sweep spec into runs/mempo, a rerun without
 resume replaced a run without a word, and the sweep specs ranked points by the training reward and compared the 7B
 GPU setting with CPU defaults.
@@ -47,7 +47,7 @@ def metrics(folder: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def multirun(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The issue's command: ``run.py -m +exp=ablation_nomem +debug=default seed=0,1 run_dir=D`` -> D."""
+    """The command that lost runs: ``run.py -m +exp=ablation_nomem +debug=default seed=0,1 run_dir=D`` -> D."""
     sweep = tmp_path_factory.mktemp("sweep") / "mr"
     out = run_py("-m", *FAST, "seed=0,1", f"run_dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The turn format of a memory agent (mempo.md §1): tag names, the canonical writer and the parser.
+"""The turn format of a memory agent (docs/algorithm.md §1): tag names, the canonical writer and the parser.
 
 A well-formed turn is ``<mem>M</mem> <think>T</think>`` followed by exactly one of ``<search>Q</search>`` or
 ``<answer>A</answer>``. Tag names are configurable (some readers of the paper report ``<tool_call>``).
@@ -60,7 +60,7 @@ def format_turn(memory: str, think: str, action: str, argument: str, tags: Tags 
     )
 
 
-# --- parsing (mempo.md §1, validate_format) -------------------------------------------------------------------------
+# --- parsing (docs/algorithm.md §1.2, validate_format) ----------------------------------------------------------------
 
 _ACTIONS = ("search", "answer")
 
@@ -69,7 +69,7 @@ _ACTIONS = ("search", "answer")
 class ParsedTurn:
     """The verdict on one model turn and what it says.
 
-    ok:       the turn is well formed (mempo.md §1); a malformed turn ends its rollout as a format failure.
+    ok:       the turn is well formed (docs/algorithm.md §1); a malformed turn ends its rollout as a format failure.
     error:    None when ok, else one human-readable message naming the first problem and its char position.
     memory, think, argument: block bodies with surrounding whitespace stripped (inner whitespace kept).
     action:   "search" or "answer" (the kind, not the tag name), or None.
@@ -236,7 +236,7 @@ def _salvage(text: str, tags: Tags, found: list[_Tag]) -> list[_Block]:
 
 
 def parse_turn(text: str, tags: Tags = Tags(), *, max_chars: int | None = None) -> ParsedTurn:
-    """Parse and validate one model turn (mempo.md §1, validate_format). Never raises on a ``str``.
+    """Parse and validate one model turn (docs/algorithm.md §1, validate_format). Never raises on a ``str``.
 
     Well formed: optional whitespace, a non-empty ``<mem>`` block, a ``<think>`` block (may be empty), exactly one
     non-empty ``<search>`` or ``<answer>`` block, optional whitespace; only whitespace between blocks; no nested,
@@ -272,6 +272,6 @@ def parse_turn(text: str, tags: Tags = Tags(), *, max_chars: int | None = None) 
 
 
 def validate_format(text: str, tags: Tags = Tags(), *, max_chars: int | None = None) -> tuple[bool, str | None]:
-    """``(ok, error)`` of :func:`parse_turn` (the name mempo.md §1 uses)."""
+    """``(ok, error)`` of :func:`parse_turn` (the name docs/algorithm.md §1 uses)."""
     parsed = parse_turn(text, tags, max_chars=max_chars)
     return parsed.ok, parsed.error

@@ -1,7 +1,7 @@
 """Task types shared by every data source.
 
-A *question* is one objective with its gold answers; a *task* bundles N questions (mempo.md §2: multi-objective
-QA after MEM1). The agent answers all objectives in one ``<answer>``, separated by ``;``.
+A *question* is one objective with its gold answers; a *task* bundles N questions (docs/algorithm.md §2:
+multi-objective QA after MEM1). The agent answers all objectives in one ``<answer>``, separated by ``;``.
 """
 
 from __future__ import annotations

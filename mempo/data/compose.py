@@ -1,4 +1,4 @@
-"""The multi-objective composer: N questions bundled into one task (mempo.md §2, after MEM1).
+"""The multi-objective composer: N questions bundled into one task (docs/algorithm.md §2, after MEM1).
 
 Every data source (the synthetic world, Search-R1-style QA files) yields ``Question``s; this one function
 turns any pool of them into ``Task``s, so training and evaluation compose tasks the same way.

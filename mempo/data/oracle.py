@@ -1,10 +1,10 @@
-"""The oracle teacher: exact memory-agent trajectories for the supervised warm start (mempo.md §5, step 1).
+"""The oracle teacher: exact memory-agent trajectories for the supervised warm start (docs/algorithm.md §5.1).
 
 The oracle knows each objective's reasoning chain (``SyntheticQuestion.hops``), so it writes the trajectory a
 perfect memory agent would: for each objective in order, one ``<search>`` turn per hop (the query is the hop's
 entity name), then one ``<answer>`` turn with every objective's answer joined by ``"; "`` (= ``Task.gold``).
 
-Memory is a full rewrite every turn (mempo.md §1) and keeps exactly what later turns need, nothing stale:
+Memory is a full rewrite every turn (docs/algorithm.md §1) and keeps exactly what later turns need, nothing stale:
 - each finished objective's answer: ``"Q1: Lisbara."``;
 - for the objective in progress, only the latest intermediate finding and what is still missing:
   ``"Q2: the founder of Brask Holdings is Velorin Oskatu; need the birth country of Velorin Oskatu."``

@@ -4,7 +4,7 @@
 For every N in ``eval.objectives`` the ``eval.split`` tasks are built once and shared by every checkpoint and agent, so
 rows of the table differ only in the policy and in the context mode (memory = MemPO's context reset, full_history = the
 ReAct baseline). Each rollout's memories are scored with the checkpoint's own policy, P(ans | q, m) of Eq. 4,
-which is the memory analysis of mempo.md §2 (MemPO's memory advantage should shift it upward).
+which is the memory analysis of docs/algorithm.md §2 (MemPO's memory advantage should shift it upward).
 """
 
 from __future__ import annotations

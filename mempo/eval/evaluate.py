@@ -1,4 +1,4 @@
-"""Agent evaluation: EM, F1, format failures, turns, TT and PT (mempo.md §2) over a fixed task set."""
+"""Agent evaluation: EM, F1, format failures, turns, TT and PT (docs/algorithm.md §2) over a fixed task set."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MEM1's evaluation rules, to report numbers on its scale beside mempo's (issue 38; review C1-C3).
+"""MEM1's evaluation rules, to report numbers on its scale beside mempo's.
 
 mempo scores a task as the *mean* over its N objectives of SQuAD-normalised EM / token-multiset F1, padding a short
 answer and ignoring extra parts (``mempo.rollout.rewards``). MEM1's ``inference/eval.py`` (``compute_score``)

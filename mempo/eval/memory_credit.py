@@ -1,4 +1,4 @@
-"""Memory credit: what the memory advantage pays for, memory by memory (issue 23's diagnostics).
+"""Memory credit: what the memory advantage pays for, memory by memory (docs/results.md, section 2's diagnostics).
 
 Every RL step that scores memories (``memory.alpha > 0`` or ``memory.log_p_ans``) turns each well-formed memory into
 one record (``credit_records``): its task, rollout, turn and text, P = P(gold | q, m) (Eq. 4), R^M (Eq. 5), A^M (as

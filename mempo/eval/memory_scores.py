@@ -1,4 +1,4 @@
-"""The mechanism MemPO claims, measured (issue 40): P(gold | question, memory) (Eq. 4) of every memory the evaluated
+"""The mechanism MemPO claims, measured: P(gold | question, memory) (Eq. 4) of every memory the evaluated
 memory agents wrote, all under one fixed scorer (the study's warm start), so that arms are compared on one scale.
 A checkpoint scoring its own memories (``eval.score_memories``) mixes two changes, its memories and its weights;
 one scorer leaves only the memories.

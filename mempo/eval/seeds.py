@@ -11,7 +11,7 @@ one paired difference, the mean over its tasks of B - A; the evidence is those K
     verdict        "above 0" | "below 0" | "includes 0", from the t-interval
 
 The tasks-only intervals of ``interval_table`` (and ``--mean``) hold the seeds fixed and so leave out the spread
-between RL seeds, the largest source of variance here (docs/reviews/rl-signal.md, D1).
+between RL seeds, the largest source of variance here (docs/results.md, "S2's result").
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def fmt_ci(mean: float, low: float, high: float) -> str:
     return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-# Seed-level statistics: an RL run's seed is the unit of evidence (docs/reviews/rl-signal.md, D1-D2: the spread
+# Seed-level statistics: an RL run's seed is the unit of evidence (docs/results.md, section 2: the spread
 # between RL seeds, about 0.03-0.04 EM, is larger than the tasks' at 64 tasks). A comparison of two arms pairs their
 # runs by seed and their per-task scores by task; each seed gives one paired difference (the mean over its tasks).
 

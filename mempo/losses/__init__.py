@@ -11,7 +11,7 @@ Shape legend
     logp, old_logp, ref_logp, adv [N, T]  per-token log-probs and advantages
     response_mask, mem_mask [N, T]        tokens sampled by the policy / inside the turn's <mem>...</mem>
 
-Departures from the textbook algorithm (each a config switch; defaults follow mempo.md):
+Departures from the textbook algorithm (each a config switch; defaults follow docs/algorithm.md):
     - advantages are GRPO z-scores (no critic); `scale=False` gives Dr. GRPO's mean-only centring;
     - memory tokens additionally get alpha * A^M (Eq. 9); alpha = 0 is exactly GRPO;
     - the KL term is subtracted from the objective (not folded into the reward), estimator k1/k2/k3;

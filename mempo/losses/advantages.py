@@ -81,7 +81,7 @@ def memory_advantage(
     scale: bool = True,
     std_floor: float = 0.0,
 ) -> Tensor:
-    """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, mempo.md §3).
+    """[M] memory rewards R^M -> [M] memory advantages A^M (z-scores, docs/algorithm.md §3).
 
     normalize: "pooled" (all memories of all rollouts of a task together) or "per_turn" (memories written at the
     same turn index of the same task). scale=False only centers; std_floor bounds the divisor from below.
@@ -210,7 +210,7 @@ class MemoryConfig:
     baseline: previous_memory | question_only | none (Eq. 5).
     normalize: pooled | per_turn grouping of R^M before the z-score. per_turn compares a memory only with those
         written at the same turn of the same task: pooled ranks a turn-1 plan ("need X") below any later memory
-        that holds a fact, on every rollout, which pays answering early (issue 23's diagnostics).
+        that holds a fact, on every rollout, which pays answering early (docs/results.md, section 2).
     scale: divide R^M by its group's std (the paper's z-score); false only centers it, so A^M keeps R^M's units
         (reading 2: a z-score turns differences of 1e-3 into unit advantages).
     std_floor: the z-score divides by max(std, std_floor) (reading 2): groups whose memories all score near 0
@@ -225,7 +225,7 @@ class MemoryConfig:
     log_p_ans: score memories even when the estimator does not use them (memory/p_ans_mean of an ablation).
     require_traj_signal: A^M = 0 in a group whose trajectory rewards are all equal (A^T = 0 there), so the memory
         advantage only reorders memories where the outcome tells rollouts apart. Without it such a group is moved
-        by A^M alone, and every probe of that kind shortened trajectories (issue 23, docs/results.md).
+        by A^M alone, and every probe of that kind shortened trajectories (docs/results.md, section 2).
     """
 
     alpha: float = 1.0

@@ -1,4 +1,4 @@
-"""Loss aggregation modes (mempo.md §4, ``loss.agg``).
+"""Loss aggregation modes (docs/algorithm.md §4, ``loss.agg``).
 
 Every mode is a weighted token sum: ``aggregate(loss) == (loss * loss_weights(mask)).sum()``. Computing the
 weights once on the whole batch and slicing them per micro-batch makes gradient accumulation reproduce the

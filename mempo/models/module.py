@@ -1,6 +1,6 @@
 """``MemPOModule``: the policy, its frozen reference, and one MemPO step per ``training_step``.
 
-One step (mempo.md §3-4, Eq. 4, 5, 9, 10):
+One step (docs/algorithm.md §3-4, Eq. 4, 5, 9, 10):
     tasks -> collect G rollouts each through ``self.sampler`` (owned by ``SamplerCallback``)
           -> trajectory rewards R^T (set by the agent loop)
           -> memory rewards R^M: one batched no-grad forward over every (q, m, gold) triple and each task's

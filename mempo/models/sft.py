@@ -1,4 +1,4 @@
-"""Supervised warm start (mempo.md §5.1): teacher trajectories replayed through the same prompt builder and
+"""Supervised warm start (docs/algorithm.md §5.1): teacher trajectories replayed through the same prompt builder and
 environment as RL, one example per turn, loss on the teacher's turn tokens only.
 
 The output head and log-softmax run only on the teacher's tokens (``score_mask``): a turn's prompt (system text,

@@ -1,7 +1,8 @@
 """The agent loop: G rollouts per task, turn by turn, all live rollouts batched into one generate call per turn.
 
 Each model turn becomes one training sample (its prompt + its generated tokens, exactly as sampled). A malformed
-turn ends its rollout as a format failure (mempo.md §1); it is kept as a sample so the update can push it down.
+turn ends its rollout as a format failure (docs/algorithm.md §1); it is kept as a sample so the update can push
+it down.
 """
 
 from __future__ import annotations

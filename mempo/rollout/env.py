@@ -1,4 +1,4 @@
-"""The search environment: a ``<search>`` query in, an ``<information>`` block of top-k passages out (mempo.md §1).
+"""The search environment: a ``<search>`` query in, ``<information>`` with top-k passages out (docs/algorithm.md §1).
 
 Shapes: ``search(queries: [Q] str) -> [Q] str``, one retriever call for the whole batch.
 
@@ -9,7 +9,7 @@ Each answer reads like Search-R1's, with the passages numbered and each body cut
 
 A query with no passages (blank, or no term in common with the corpus) gets ``no_results_text`` inside the same
 tag: a defined tool result the policy can learn from, never an exception. The agent loop decides the whitespace
-around the block; these tokens are environment-inserted and never carry loss (mempo.md §3).
+around the block; these tokens are environment-inserted and never carry loss (docs/algorithm.md §3).
 """
 
 from __future__ import annotations

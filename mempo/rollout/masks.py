@@ -1,6 +1,6 @@
-"""Token masks of char spans: which sampled tokens belong to a turn's ``<mem>...</mem>`` (mempo.md §3, Eq. 9).
+"""Token masks of char spans: which sampled tokens belong to a turn's ``<mem>...</mem>`` (docs/algorithm.md §3, Eq. 9).
 
-The agent loop never re-tokenizes (mempo.md §4): it decodes the sampled ids once with
+The agent loop never re-tokenizes (docs/algorithm.md §4): it decodes the sampled ids once with
 :func:`decode_with_offsets`, parses that text with :func:`mempo.core.format.parse_turn`, and maps the parsed
 char span back onto the same ids with :func:`mem_token_mask`. Text and offsets come from one decode, so they
 always agree.
@@ -116,7 +116,7 @@ def mem_token_mask(
 ) -> torch.Tensor:
     """offsets [L] (from :func:`decode_with_offsets`), parsed turn of the same text -> mem_mask bool [L].
 
-    The tokens of the ``<mem>...</mem>`` span, tags included by default (mempo.md §3, Eq. 9: switch
+    The tokens of the ``<mem>...</mem>`` span, tags included by default (docs/algorithm.md §3, Eq. 9: switch
     ``include_tags``), else only the memory body. Uses the parsed span even on a malformed turn (the parser
     recovers the first complete ``<mem>`` block); whether such a turn gets a memory advantage is the caller's call.
     No ``<mem>`` block gives an all-False mask.

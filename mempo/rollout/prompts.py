@@ -1,4 +1,4 @@
-"""One prompt builder for training, evaluation and memory scoring (mempo.md §1).
+"""One prompt builder for training, evaluation and memory scoring (docs/algorithm.md §1).
 
 The instructions a model sees are the same in every phase: the paper's readers describe a terse training prompt
 beside a detailed evaluation prompt, which this module avoids by construction.

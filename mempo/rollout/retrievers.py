@@ -1,4 +1,4 @@
-"""Retriever backends behind the search tool (mempo.md §1: "the environment answers a search with top-k passages").
+"""Retriever backends behind the search tool (docs/algorithm.md §1.3: a search returns top-k passages).
 
 Shapes: ``retrieve(queries: [Q] str, topk) -> [Q][<= topk] Passage``, best first.
 

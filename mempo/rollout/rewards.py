@@ -1,4 +1,4 @@
-"""Answer scoring and the trajectory reward R^T (mempo.md §2).
+"""Answer scoring and the trajectory reward R^T (docs/algorithm.md §2).
 
 EM and F1 follow the SQuAD / Search-R1 convention: answers are normalized (lowercase, punctuation and the
 articles a/an/the removed, whitespace collapsed) and scored against every gold alias, keeping the best. A task
@@ -99,7 +99,7 @@ def _mean_f1(scores: list[tuple[float, float]]) -> float:
 
 
 REWARD_KINDS: dict[str, Callable[[list[tuple[float, float]]], float]] = {
-    "all_em": _all_em,  # default (mempo.md §2): 1 iff every objective is an exact match
+    "all_em": _all_em,  # default (docs/algorithm.md §2): 1 iff every objective is an exact match
     "mean_em": _mean_em,
     "mean_f1": _mean_f1,
 }
@@ -118,7 +118,7 @@ class RewardConfig:
 def trajectory_reward(
     pred: str | None, gold_answers: Sequence[Sequence[str]], *, format_ok: bool, kind: str = "all_em"
 ) -> float:
-    """R^T of one rollout (mempo.md §2): the ``kind`` score of its final answer times the format gate.
+    """R^T of one rollout (docs/algorithm.md §2): the ``kind`` score of its final answer times the format gate.
 
     pred: the ``<answer>`` argument, or None when the rollout gave none (max turns, format failure).
     format_ok: every turn of the rollout was well formed; False gives 0.0 whatever the answer.

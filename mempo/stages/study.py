@@ -1,5 +1,5 @@
 """The ``study`` stage (``python experiments/run.py +exp=study``): an ablation study in one command, with RL seeds
-as the unit of evidence (``mempo.eval.seeds``; docs/reviews/rl-signal.md, D1-D3).
+as the unit of evidence (``mempo.eval.seeds``; why: docs/results.md, "Pre-registered studies").
 
     warm start   study.warm_start, or trained here when null (the sft stage in <run_dir>/warm_start, reused when it
                  finished), as the demo's and the headline's

@@ -79,7 +79,7 @@ def test_an_empty_answer_is_rejected_naming_the_question() -> None:
         Question("Who?", (), "q-none")
 
 
-# ---- issue 38: MEM1's composition, the capacity of a split, a test split of its own ---------------------------
+# ---- real data: MEM1's composition, the capacity of a split, a test split of its own --------------------------
 
 
 def test_by_source_groups_consecutive_questions_of_one_source():

@@ -165,7 +165,7 @@ def test_loaded_questions_go_through_the_composer(tmp_path: Path) -> None:
     assert len(load_qa_tasks(path, 2, num_tasks=7, seed=3, prefix="mix")) == 7
 
 
-# ---- real-data formats (issue 38): data_source, null cells, MEM1's pre-composed tasks --------------------------
+# ---- real-data formats: data_source, null cells, MEM1's pre-composed tasks -------------------------------------
 
 
 def mem1_row(questions: list[str], target: list[list[str]], source: str = "hotpotqa") -> dict:
@@ -227,7 +227,7 @@ def test_mempo_task_rows_and_mixed_kinds(tmp_path: Path) -> None:
 
 
 def test_null_cells_fall_back_per_cell(tmp_path: Path) -> None:
-    """Review A4: a null golden_answers fell back to nothing although answer held a value; a null id was an
+    """A null golden_answers fell back to nothing although answer held a value; a null id was an
     error. Each cell now falls back on its own."""
     rows = [
         {"id": "a", "question": "who?", "golden_answers": ["Ann"], "answer": None, "data_source": "nq"},

@@ -72,7 +72,7 @@ def test_build_tasks_trains_and_evaluates_on_different_worlds() -> None:
     assert all(q.startswith("w7919-") for q in val_qids) and len(val_qids) == 64
 
 
-# ---- issue 38: qa_files splits through build_tasks -------------------------------------------------------------
+# ---- real data: qa_files splits through build_tasks ------------------------------------------------------------
 
 
 def _qa(path, questions, source="nq"):
@@ -87,7 +87,7 @@ def _qa(path, questions, source="nq"):
 
 
 def test_qa_files_splits_capacity_and_overlap(make_cfg, tmp_path):
-    """Review C4/C5: eval.num_tasks above the split silently reused questions, and eval.split=test read the val
+    """eval.num_tasks above the split silently reused questions, and eval.split=test read the val
     files. Now: null = each question once; more than the split holds is an error naming the numbers; test reads
     data.test_files and refuses a question also in the training or validation files."""
     from mempo.stages.builders import build_tasks

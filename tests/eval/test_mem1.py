@@ -1,4 +1,4 @@
-"""MEM1's aggregation beside mempo's, and per-source rows (issue 38; review C1-C3, A3), on hand-computed values."""
+"""MEM1's aggregation beside mempo's, and per-source rows, on hand-computed values."""
 
 from __future__ import annotations
 

@@ -90,7 +90,8 @@ def test_merged_tensors_equal_peft_merge_and_unload(tiny_path: Path) -> None:
 def test_a_bf16_base_keeps_float32_adapters_and_merges_in_float32(tiny_path: Path) -> None:
     """The 7B recipe's setting (model.dtype=bfloat16): the frozen base stays bf16, the adapters are float32, and the
     merged weight is W + s B A computed in float32 from the bf16 W, checked against a plain product and sum (a bf16
-    merge would round the update away: NeMo-RL #3696)."""
+    merge would round the update away:
+    https://github.com/NVIDIA-NeMo/RL/issues/3696)."""
     policy = apply_lora(load_policy(tiny_path, dtype="bfloat16")[0], LoRAConfig(rank=RANK))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():

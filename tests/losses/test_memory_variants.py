@@ -1,5 +1,5 @@
-"""The memory-advantage switches of issue 23 (std floor, centring only, per-objective scoring), each against values
-worked out by hand in the comments."""
+"""The memory-advantage switches of docs/algorithm.md §3.6 (std floor, centring only, per-objective scoring), each
+against values worked out by hand in the comments."""
 
 import math
 

@@ -164,7 +164,7 @@ def test_a_retriever_that_finds_nothing_is_answered_not_raised(builder, smollm2_
 
 @pytest.mark.slow
 def test_real_smollm2_through_vllm_on_the_synthetic_world(smollm2_path):
-    """Done-when of the rollout issue: 2 tasks x G=4 of the real SmolLM2 through VLLMSampler on the synthetic
+    """The agent loop end to end: 2 tasks x G=4 of the real SmolLM2 through VLLMSampler on the synthetic
     world; every sample passes shape, id and mask checks."""
     from mempo.data.compose import compose_tasks
     from mempo.data.synthetic import SyntheticWorld

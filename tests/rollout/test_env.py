@@ -196,7 +196,7 @@ def test_truncation_with_the_smollm2_tokenizer(bm25: BM25Retriever):
 
 
 def test_search_r1_rendering_whole_passages_and_an_observation_cap():
-    """Review B1/B5: env=http renders whole passages (Search-R1 cuts none) and can render them as Search-R1 does,
+    """env=http renders whole passages (Search-R1 cuts none) and can render them as Search-R1 does,
     ``Doc i(Title: <first line>) <rest>`` + newline, quotes and inner newlines kept; max_obs_tokens caps the block."""
     passages = [
         Passage("a", '"Evan Morris"\nEvan Morris was a lobbyist.\nHe worked in Washington.', 3.0),

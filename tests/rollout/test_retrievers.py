@@ -480,11 +480,11 @@ def test_http_rejects_bad_retry_settings():
         HTTPRetriever("http://127.0.0.1:1/retrieve", timeout_s=0)
 
 
-# ---- real corpora (issue 38): chunked POSTs, waiting for a server that loads its index, the hint -----------------
+# ---- real corpora: chunked POSTs, waiting for a server that loads its index, the hint ----------------------------
 
 
 def test_queries_go_in_chunks_and_a_retry_resends_one_chunk(bm25: BM25Retriever):
-    """Review B2: every query of a turn went in one POST and a retry resent all of them. Chunks of 2 queries: 5
+    """Every query of a turn went in one POST and a retry resent all of them. Chunks of 2 queries: 5
     queries make 3 POSTs; a 500 on the second chunk retries that chunk alone."""
     server = FaultServer([("ok",), ("status", 500), ("ok",)], retriever=bm25)
     try:
@@ -517,7 +517,7 @@ def test_wait_ready_waits_for_a_late_server_and_says_so(bm25: BM25Retriever):
 
 
 def test_wait_ready_gives_up_naming_both_servers():
-    """Review B3: about 3.5 s of patience and a hint naming only mempo's server. The bounded wait's error names
+    """About 3.5 s of patience and a hint naming only mempo's server. The bounded wait's error names
     env.wait_s, Search-R1's server and mempo's."""
     url = f"http://127.0.0.1:{free_port()}/retrieve"
     with pytest.raises(RetrieverError) as err:

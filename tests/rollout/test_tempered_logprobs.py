@@ -17,7 +17,7 @@ from mempo.rollout.hf_sampler import HFSampler
 from mempo.rollout.sampler import SamplingConfig
 
 T = 0.7
-LOGP_TOL = dict(atol=5e-5, rtol=0.0)  # vLLM's fp32 CPU kernels sum in another order than torch's (environment.md)
+LOGP_TOL = dict(atol=5e-5, rtol=0.0)  # vLLM's fp32 CPU kernels sum in another order than torch's
 
 
 def plain(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:

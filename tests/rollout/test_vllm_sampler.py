@@ -23,7 +23,7 @@ from mempo.rollout.vllm_sampler import (  # noqa: E402
 )
 
 # vLLM's CPU attention and matmuls sum in another order than torch's: fp32 log-probs agree to about 2e-5
-# (environment.md), while assert_close's fp32 default allows 1e-5 + 1.3e-6 * |logp|.
+# per token, while assert_close's fp32 default allows 1e-5 + 1.3e-6 * |logp|.
 LOGP_TOL = dict(atol=5e-5, rtol=0.0)
 
 

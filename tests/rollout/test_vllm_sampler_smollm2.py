@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 from mempo.rollout.vllm_sampler import VLLMSampler, _inprocess_worker  # noqa: E402
 
 # 30 layers of vLLM-CPU kernels versus torch's, summed in other orders: fp32 log-probs agree to about 2e-5
-# per token (environment.md); 1e-4 leaves room for the longest sequences here.
+# per token; 1e-4 leaves room for the longest sequences here.
 LOGP_TOL = dict(atol=1e-4, rtol=0.0)
 
 

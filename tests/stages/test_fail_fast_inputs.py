@@ -128,7 +128,7 @@ def test_cli_bad_model_path_fails_naming_the_key_and_writes_only_into_run_dir(tm
 
 
 def test_real_data_against_the_synthetic_corpus_is_refused(make_cfg, tmp_path):
-    """Review D1: data=qa_files with env=bm25 and env.corpus=null searched the synthetic world (rewards about 0,
+    """data=qa_files with env=bm25 and env.corpus=null searched the synthetic world (rewards about 0,
     nothing said why). A corpus of the user's own, or env=http, stays legitimate."""
     train = _jsonl(tmp_path / "train.jsonl", [GOOD])
     with pytest.raises(ValueError, match=r"data.source=qa_files with env.retriever=bm25 and env.corpus=null"):
@@ -140,7 +140,7 @@ def test_real_data_against_the_synthetic_corpus_is_refused(make_cfg, tmp_path):
 
 
 def test_warm_start_on_real_data_needs_a_teacher_file(make_cfg, tmp_path, tiny_path):
-    """Review D2: stage=sft (and demo, headline through it) on real data without sft.trajectories trained on the
+    """stage=sft (and demo, headline through it) on real data without sft.trajectories trained on the
     synthetic oracle and replayed its fictional queries against the real retriever."""
     from mempo.lm.loading import load_tokenizer
     from mempo.stages.train import sft_data

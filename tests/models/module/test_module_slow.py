@@ -86,7 +86,7 @@ def test_vllm_fit_is_on_policy_and_its_weight_push_lands(make_cfg, tiny_path, tm
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(r["step"]) for r in rows] == [1, 2]
     for r in rows:
-        # vLLM's fp32 CPU kernels agree with the trainer's to about 2e-5 per token (environment.md)
+        # vLLM's fp32 CPU kernels agree with the trainer's to about 2e-5 per token (tests/rollout/test_vllm_sampler.py)
         torch.testing.assert_close(float(r["train/ratio_mean"]), 1.0, rtol=0, atol=1e-4)
         assert float(r["train/clip_frac"]) == 0.0
         assert float(r["train/canary_logp_diff"]) < 1e-4

@@ -38,7 +38,7 @@ SEGMENTED = [(0, 1.0, None), (0, 0.0, 1), (0, 0.0, 2), (1, 1.0, 2), (1, 0.0, Non
 # ------------------------------------------------------------------------------------------------- references
 def plain_answer_probability(model: torch.nn.Module, prompt: list[int], answer: list[int]) -> float:
     """P(ans | prompt): one unpadded float32 forward over prompt + answer, full log-softmax, geometric mean of the
-    answer tokens' probabilities (mempo.md Eq. 4)."""
+    answer tokens' probabilities (docs/algorithm.md §3.2, Eq. 4)."""
     ids = torch.tensor([prompt + answer])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()  # [P + A, V]
@@ -55,7 +55,8 @@ def zscores(values: list[float]) -> list[float]:
 
 
 def reference_memory_rewards(module: Any, batch: RolloutBatch, baseline: str) -> tuple[list[float], list[float]]:
-    """(P(ans | q, m) [N], R^M [N]) of every turn sample, by plain forwards and the baselines of mempo.md §3."""
+    """(P(ans | q, m) [N], R^M [N]) of every turn sample, by plain forwards and Eq. 5's baselines
+    (docs/algorithm.md §3)."""
     builder, policy = module.builder, module.policy
     p, r = [], []
     for traj in batch.trajectories:

@@ -141,8 +141,8 @@ def test_batches_count_teacher_turns():
 
 @pytest.mark.parametrize("exp", ["sft", "demo"])
 def test_debug_smoke_run_of_the_stage(make_cfg, tmp_path, exp, capsys):
-    """The demo's second run reuses its warm start and RL policy, says so, and prints the same table. Regression
-    (issue 26): it trained RL again over the first run's checkpoint and policy without a word; with the training
+    """The demo's second run reuses its warm start and RL policy, says so, and prints the same table. Regression:
+    it trained RL again over the first run's checkpoint and policy without a word; with the training
     stages' folder check it would have been refused."""
     summary = run_stage(make_cfg(f"+exp={exp}", "+debug=default", f"run_dir={tmp_path}"))
     assert summary["stage"] == exp
