@@ -351,7 +351,7 @@ def check_paths(cfg: DictConfig) -> None:
         raise ValueError(
             f"config keys data.source={cfg.data.source} with env.retriever=bm25 and env.corpus=null: the questions "
             "would be searched in the synthetic world's corpus. Use env=http env.url=... (a Search-R1 retrieval "
-            "server, README 'Real data') or env.corpus=CORPUS.jsonl (a BM25 corpus of your own)"
+            "server, docs/guide/real-data.md) or env.corpus=CORPUS.jsonl (a BM25 corpus of your own)"
         )
     try:
         check_model_path(cfg.model.name_or_path)

@@ -145,5 +145,5 @@ def reading(cfg: DictConfig) -> str:
         f"whether RL helps. The rl row is {cfg.trainer.max_steps} RL steps at one RL seed, a check that the loop "
         "runs; differences of a few hundredths of EM are within the spread between RL seeds (docs/results.md). "
         "For RL's effect, seeds as the unit: python experiments/run.py +exp=study "
-        f"study.warm_start={run_path(cfg) / 'sft' / 'hf'} (README, 'An ablation study in one command')."
+        f"study.warm_start={run_path(cfg) / 'sft' / 'hf'} (docs/guide/studies.md)."
     )

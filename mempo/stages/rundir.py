@@ -118,7 +118,7 @@ def claim_run_dir(folder: Path, *, stage: str, resume: bool, overwrite: bool, re
     )
     raise RunDirError(
         f"run_dir {folder} already holds a run ({', '.join(held)}); {ways}, or choose another run_dir. "
-        "In a sweep each job gets its own folder (README, Sweeps)."
+        "In a sweep each job gets its own folder (docs/guide/sweeps.md)."
     )
 
 
