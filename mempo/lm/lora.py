@@ -195,15 +195,17 @@ def adapter_state(policy: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export_states(policy: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
-    """{"merged": the plain model's weights (float32, CPU), "adapter": peft's adapter state}: what ``save_lora``
-    writes; every rank computes it under FSDP2 (a collective)."""
+    """{"merged": the plain model's weights on the CPU (``merged_tensors``: adapted linear weights merged in float32,
+    every other weight in the base's dtype), "adapter": peft's adapter state}: what ``save_lora`` writes; every rank
+    computes it under FSDP2 (a collective)."""
     return {"merged": {k: v.cpu().clone() for k, v in merged_tensors(policy)}, "adapter": adapter_state(policy)}
 
 
 def save_lora(policy: nn.Module, merged_dir: Path, adapter_dir: Path, states: dict | None = None) -> None:
-    """``merged_dir``: a plain Hugging Face model (the merged weights, float32), what the next stage, vLLM and eval
-    load. ``adapter_dir``: peft's adapter folder (``PeftModel.from_pretrained(base, adapter_dir)``), which names the
-    base in ``base_model_name_or_path``."""
+    """``merged_dir``: a plain Hugging Face model (the merged weights: the adapted linear weights in float32, the
+    others in the base's dtype, as ``merged_tensors`` yields them), what the next stage, vLLM and eval load.
+    ``adapter_dir``: peft's adapter folder (``PeftModel.from_pretrained(base, adapter_dir)``), which names the base in
+    ``base_model_name_or_path``."""
     states = states if states is not None else export_states(policy)
     base = policy.get_base_model()
     base.save_pretrained(merged_dir, safe_serialization=True, state_dict=states["merged"])
