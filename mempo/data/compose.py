@@ -27,6 +27,35 @@ def by_source_groups(questions: Sequence[Question], objectives: int) -> list[tup
     ]
 
 
+def subset_by_source(tasks: Sequence[Task], num_tasks: int | None, seed: int) -> list[Task]:
+    """``num_tasks`` of ``tasks`` in proportion to their sources (``Task.source``), for evaluation and validation on
+    a file whose sources come one after another (MEM1's test file: nq first), where the first rows would be one
+    source only. Each source gets ``num_tasks * its share`` rounded by largest remainder (a tie goes to the source
+    that appears first), drawn from its tasks with ``seed`` (``random.Random(f"{seed}:{source}")``, so a source's
+    draw does not depend on the others); the subset keeps ``tasks``' order. None, or at least ``len(tasks)``: all of
+    them, in order."""
+    if num_tasks is None or num_tasks >= len(tasks):
+        return list(tasks)
+    by: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by.setdefault(t.source, []).append(i)
+    quota = {s: num_tasks * len(rows) / len(tasks) for s, rows in by.items()}
+    take = {s: int(q) for s, q in quota.items()}
+    order = sorted(by, key=lambda s: -(quota[s] - take[s]))  # stable: ties keep the order of first appearance
+    for s in order[: num_tasks - sum(take.values())]:
+        take[s] += 1
+    chosen = {i for s, rows in by.items() for i in random.Random(f"{seed}:{s}").sample(rows, take[s])}
+    return [t for i, t in enumerate(tasks) if i in chosen]
+
+
+def source_counts(tasks: Sequence[Task]) -> str:
+    """E.g. "nq 64, hotpotqa 64": the tasks of each source, in order of first appearance."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t.source or "(none)"] = counts.get(t.source or "(none)", 0) + 1
+    return ", ".join(f"{s} {n}" for s, n in counts.items())
+
+
 def task_capacity(questions: Sequence[Question], objectives: int, mode: str = "pooled") -> int:
     """Tasks of ``objectives`` questions one pass over ``questions`` yields (no question used twice)."""
     if mode == "by_source":
@@ -54,8 +83,9 @@ def compose_tasks(
 
     The gold answer of each task is its questions' canonical answers joined by ``"; "`` (``Task.gold``).
 
-    mode: pooled (the above) | by_source (MEM1's: ``by_source_groups``, in file order, no shuffle; ``num_tasks``
-    takes the first tasks and may not exceed one pass).
+    mode: pooled (the above) | by_source (MEM1's: ``by_source_groups``, in file order, no shuffle; ids ``k`` count
+    the groups of the whole pass; ``num_tasks`` may not exceed one pass, and fewer are drawn by source with ``seed``,
+    ``subset_by_source``).
     """
     if mode not in COMPOSE_MODES:
         raise ValueError(f"compose_tasks: mode must be one of {COMPOSE_MODES}, got {mode!r}")
@@ -79,7 +109,7 @@ def compose_tasks(
                 f"compose_tasks: {num_tasks} tasks asked, but {len(questions)} questions compose {len(groups)} tasks "
                 f"of {objectives} by source (mode by_source does not reuse questions)"
             )
-        return [Task(f"{prefix}-{k}", g) for k, g in enumerate(groups[:num_tasks])]
+        return subset_by_source([Task(f"{prefix}-{k}", g) for k, g in enumerate(groups)], num_tasks, seed)
 
     per_epoch = len(questions) // objectives
     wanted = per_epoch if num_tasks is None else num_tasks

@@ -28,9 +28,11 @@ class DataConfig:
 
     source: synthetic (the embedded world) | qa_files (Search-R1-style jsonl/parquet in train_files, val_files and
     test_files: eval.split=test reads test_files, refused when one of its questions is in the train or val files;
-    a file of pre-composed tasks, e.g. MEM1's, is taken as it is). compose: how question files become tasks,
-    pooled (every file's questions shuffled together with ``seed``) | by_source (MEM1's: consecutive questions of
-    one data_source, remainder dropped).
+    a file of pre-composed tasks, e.g. MEM1's, is taken as it is; a row without data_source takes its file's
+    dataset name: the stem, or the folder in FlashRAG's ``<dataset>/<split>.jsonl``). compose: how question files
+    become tasks, pooled (every file's questions shuffled together with ``seed``) | by_source (MEM1's: consecutive
+    questions of one data_source, remainder dropped). Fewer validation or evaluation tasks than pre-composed (or
+    by_source) tasks a split holds are drawn in proportion to their sources with ``seed``, not the file's first.
     objectives: questions per task; batch_size: tasks per RL step across all data-parallel ranks (the paper: 128;
     each of W ranks takes batch_size / W of them, and W must divide it); group_size: G rollouts per task (the paper:
     16); world_seed: the synthetic world; num_val_tasks: in-training validation tasks.

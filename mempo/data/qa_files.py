@@ -3,8 +3,11 @@
 A *question row* needs ``question`` (a non-empty string) and ``golden_answers`` (a non-empty list of non-empty
 strings; a single string is accepted as a one-answer list), the FlashRAG / Search-R1 field names. Fallbacks, per
 cell: when ``golden_answers`` is absent or null, ``answers`` (same types), then ``answer`` (a string or a list). An
-``id`` field (string or integer) becomes the question id; absent or null, it is ``f"{file stem}-{row}"``.
-``data_source`` (a string) becomes ``Question.source``; absent or null, the file stem. Other fields are ignored.
+``id`` field (string or integer) becomes the question id; absent or null, it is ``f"{prefix}-{row}"``, the prefix
+being the file stem (``id_prefixes``: with the parent folders in front when several files given together share a
+stem). ``data_source`` (a string) becomes ``Question.source``; absent or null, the file's dataset name
+(``default_source``): its stem, or, when the stem is a split name (train, dev, val, validation, test: FlashRAG's
+``<dataset>/<split>.jsonl`` layout), its folder's name. Other fields are ignored.
 
 A file may instead hold *pre-composed tasks*, one a row, taken as they are (never re-composed):
 - MEM1's multi-objective rows (no ``question`` column): ``prompt`` (a chat list, or a string) whose text ends with
@@ -24,7 +27,7 @@ unsupported suffix and a file with no rows are errors too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from mempo.data.compose import compose_tasks
 ANSWER_KEYS = ("golden_answers", "answers", "answer")
 MEM1_LEAD = "Answer the following questions: "
 TASK_KEYS = ("objectives", "reward_model")  # a row with one of these and no "question" is a pre-composed task
+SPLIT_STEMS = ("train", "dev", "val", "validation", "test")  # file stems that name a split, not a dataset
 
 
 def _fail(where: str, key: str | None, problem: str) -> ValueError:
@@ -211,10 +215,39 @@ def is_task_row(row: dict[str, Any]) -> bool:
     return "question" not in row and any(k in row for k in TASK_KEYS)
 
 
-def load_qa_items(path: str | Path) -> list[Question] | list[Task]:
-    """A file's questions (a question file) or its pre-composed tasks (a task file), in file order; the first row
-    decides which (module docstring)."""
+def default_source(path: str | Path) -> str:
+    """The source of a file's rows without ``data_source``: its stem (``nq.jsonl`` -> nq), or its folder's name when
+    the stem is a split name (FlashRAG's ``nq/test.jsonl`` -> nq, not "test")."""
     path = Path(path)
+    if path.stem.lower() in SPLIT_STEMS and path.absolute().parent.name:
+        return path.absolute().parent.name
+    return path.stem
+
+
+def id_prefixes(paths: Sequence[str | Path], what: str = "the QA files") -> list[str]:
+    """The prefix of each file's default ids (``f"{prefix}-{row}"``): its stem; for files whose stem another file of
+    ``paths`` shares, as many of its folders in front as tell them apart, joined by "-" (``a/test.parquet`` and
+    ``b/test.parquet`` -> "a-test", "b-test"). A file listed twice is a ValueError naming ``what`` and the file."""
+    resolved = [Path(p).resolve() for p in paths]
+    for i, p in enumerate(resolved):
+        if p in resolved[:i]:
+            raise ValueError(f"{what} lists {paths[i]} twice (its tasks would be evaluated twice)")
+    parts = [p.with_suffix("").parts[1:] for p in resolved]  # without the root
+    prefixes = []
+    for i, mine in enumerate(parts):
+        depth = 1
+        while depth < len(mine) and any(o[-depth:] == mine[-depth:] for j, o in enumerate(parts) if j != i):
+            depth += 1
+        prefixes.append("-".join(mine[-depth:]))
+    return prefixes
+
+
+def load_qa_items(path: str | Path, prefix: str | None = None) -> list[Question] | list[Task]:
+    """A file's questions (a question file) or its pre-composed tasks (a task file), in file order; the first row
+    decides which (module docstring). prefix: of the default ids, ``f"{prefix}-{row}"`` (default the file stem)."""
+    path = Path(path)
+    prefix = path.stem if prefix is None else prefix
+    source = default_source(path)
     items: list[Any] = []
     tasks: bool | None = None
     for n, (where, row) in enumerate(_rows(path), start=1):
@@ -224,7 +257,7 @@ def load_qa_items(path: str | Path) -> list[Question] | list[Task]:
             kind = "a pre-composed task" if tasks else "a question"
             raise _fail(where, "question", f"row 1 is {kind} but this row is not (one kind per file)")
         make = task_from_row if tasks else question_from_row
-        items.append(make(row, where, f"{path.stem}-{n}", path.stem))
+        items.append(make(row, where, f"{prefix}-{n}", source))
     if not items:
         raise ValueError(f"{path}: no questions (the dataset is empty)")
     return items

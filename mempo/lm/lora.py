@@ -195,27 +195,69 @@ def adapter_state(policy: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export_states(policy: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
-    """{"merged": the plain model's weights (float32, CPU), "adapter": peft's adapter state}: what ``save_lora``
-    writes; every rank computes it under FSDP2 (a collective)."""
+    """{"merged": the plain model's weights on the CPU (``merged_tensors``: adapted linear weights merged in float32,
+    every other weight in the base's dtype), "adapter": peft's adapter state}: what ``save_lora`` writes; every rank
+    computes it under FSDP2 (a collective)."""
     return {"merged": {k: v.cpu().clone() for k, v in merged_tensors(policy)}, "adapter": adapter_state(policy)}
 
 
 def save_lora(policy: nn.Module, merged_dir: Path, adapter_dir: Path, states: dict | None = None) -> None:
-    """``merged_dir``: a plain Hugging Face model (the merged weights, float32), what the next stage, vLLM and eval
-    load. ``adapter_dir``: peft's adapter folder (``PeftModel.from_pretrained(base, adapter_dir)``), which names the
-    base in ``base_model_name_or_path``."""
+    """``merged_dir``: a plain Hugging Face model (the merged weights: the adapted linear weights in float32, the
+    others in the base's dtype, as ``merged_tensors`` yields them), what the next stage, vLLM and eval load.
+    ``adapter_dir``: peft's adapter folder (``PeftModel.from_pretrained(base, adapter_dir)``), which names the base in
+    ``base_model_name_or_path``."""
     states = states if states is not None else export_states(policy)
     base = policy.get_base_model()
     base.save_pretrained(merged_dir, safe_serialization=True, state_dict=states["merged"])
     policy.save_pretrained(adapter_dir, safe_serialization=True, state_dict=states["adapter"])
 
 
+SAMPLE_BYTES = 4096  # bytes the base fingerprint reads at each sampled position
+TENSOR_SAMPLES = 3  # positions per tensor of a safetensors file: its data's start, middle and end
+FILE_SAMPLES = 64  # evenly spaced positions in any other weight file (a .bin pickle, read as bytes)
+
+
+def _sample_spans(start: int, end: int, count: int) -> list[tuple[int, int]]:
+    """(offset, length) of ``count`` evenly spaced reads of ``SAMPLE_BYTES`` in ``[start, end)`` (first and last
+    included), or the whole range when it is that short."""
+    if end - start <= count * SAMPLE_BYTES:
+        return [(start, end - start)]
+    step = (end - start - SAMPLE_BYTES) / (count - 1)
+    return [(start + round(i * step), SAMPLE_BYTES) for i in range(count)]
+
+
+def _hash_weight_file(path: Path, h: Any) -> None:
+    """Feeds ``h`` with a weight file's name, size and sampled bytes: for a safetensors file its header (every
+    tensor's name, dtype, shape and offsets) and ``TENSOR_SAMPLES`` reads of each tensor's data, so a retrained tensor
+    changes the hash whichever tensors were trained; for any other file ``FILE_SAMPLES`` reads over it."""
+    size = path.stat().st_size
+    h.update(f"{path.name}:{size}".encode())
+    with path.open("rb") as f:
+        if path.suffix == ".safetensors":
+            n = int.from_bytes(f.read(8), "little")
+            raw = f.read(n)
+            h.update(raw)
+            try:
+                header = json.loads(raw)
+                offsets = [header[k]["data_offsets"] for k in sorted(header) if k != "__metadata__"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}: not a safetensors file (its header does not parse: {e})") from e
+            spans = [s for a, b in offsets for s in _sample_spans(8 + n + a, 8 + n + b, TENSOR_SAMPLES)]
+        else:
+            spans = _sample_spans(0, size, FILE_SAMPLES)
+        for offset, length in spans:
+            f.seek(offset)
+            h.update(f.read(length))
+
+
 def base_fingerprint(model_path: str | Path, hf_cache_dir: str | None = None) -> str:
     """A cheap identity of the base model a LoRA adapter was trained on, ``"<folder>:<hash>"``: a hash of its
-    config.json and of its weight files' names and sizes (or the safetensors index), not of the weights (15 GB for a
-    7B model). The folder's name is for the reader; ``same_base`` compares the hashes, so the same base copied
-    elsewhere still resumes. A hub id is fingerprinted by the snapshot in the Hugging Face cache (the revision that
-    was downloaded, so a changed upstream revision is caught), or by its name when nothing is cached."""
+    config.json and of its weight files' names, sizes and sampled bytes (``_hash_weight_file``: a few KiB of every
+    tensor, about 4 MiB read for a 7B model instead of its 15 GB), so a base retrained in place (another warm start
+    of one architecture) is another base. The folder's name is for the reader; ``same_base`` compares the hashes, so
+    the same base copied elsewhere still resumes. A hub id is fingerprinted by the snapshot in the Hugging Face cache
+    (the revision that was downloaded, so a changed upstream revision is caught), or by its name when nothing is
+    cached."""
     path = Path(model_path)
     if not path.is_dir():
         from huggingface_hub import try_to_load_from_cache
@@ -229,7 +271,7 @@ def base_fingerprint(model_path: str | Path, hf_cache_dir: str | None = None) ->
     config.pop("_name_or_path", None)
     h.update(json.dumps(config, sort_keys=True).encode())
     for f in sorted(path.glob("*.safetensors*")) + sorted(path.glob("*.bin")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
+        _hash_weight_file(f, h)
     return f"{path.name}:{h.hexdigest()[:16]}"
 
 

@@ -88,9 +88,12 @@ class OptimConfig:
     recompute (a no-grad trainer forward; bf16 engines), or auto (``builders.resolve_old_logp`` picks one before
     the module is built; the module itself takes sampler or recompute).
     max_nonfinite: non-finite losses or gradients in a row before the run stops.
-    skip_no_signal: no AdamW update on a step whose advantages are all 0 and kl_coef = 0 (see ``_has_signal``).
+    skip_no_signal: no AdamW update on a step whose advantages are all 0 and kl_coef = 0 (see ``_has_signal``);
+    false: such a step is AdamW's step on a zero gradient (its moments move the weights), in one process as under
+    DDP/FSDP and whatever skip_zero_adv_rows.
     skip_zero_adv_rows: with kl_coef = 0, turn samples whose advantage is 0 on every response token (each adds exactly
-    nothing to the gradient) are left out of the update and of the recomputed old log-probs (``update_rows``).
+    nothing to the gradient) are left out of the update and of the recomputed old log-probs (``update_rows``); a
+    rank left with no row takes one zero-weighted backward (``_row_batches``).
     """
 
     lr: float = 1e-6
@@ -429,14 +432,16 @@ class MemPOModule(L.LightningModule):
 
     def _row_batches(self, lengths: list[int], groups: list[list[int]]) -> tuple[list[list[int]], int]:
         """Length-sorted micro-batches within each group of rows, and the idle ones this rank adds to match the
-        busiest rank (sharded policy) or, under DDP, the one zero-weighted backward a rank with no rows needs to take
-        part in the gradient all-reduce."""
+        busiest rank (sharded policy), or the one zero-weighted backward a rank with no rows takes: under DDP to
+        take part in the gradient all-reduce, and in one process alike, so that an update without rows (a step
+        without signal under ``optim.skip_no_signal=false``) is AdamW's step on a zero gradient in both, as when
+        ``skip_zero_adv_rows`` is off (with every gradient None AdamW would move nothing)."""
         mbs = self.optim_cfg.micro_batch_size
         batches = [
             [rows[j] for j in b] for rows in groups for b in length_sorted_batches([lengths[i] for i in rows], mbs)
         ]
         idle = lockstep_count(len(batches), self.policy) - len(batches)
-        if not batches and not idle and self._world_size() > 1:
+        if not batches and not idle:
             idle = 1
         return batches, idle
 

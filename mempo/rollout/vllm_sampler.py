@@ -148,9 +148,9 @@ class VLLMSampler:
         if not on_cuda:
             budget = max(max_model_len or int(context or 0), CPU_MIN_BATCHED_TOKENS)
             scheduling = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
-        launch = colocated_launch(on_cuda)
+        launch, launch_env = colocated_launch(on_cuda)
         device = torch.cuda.current_device() if on_cuda else None
-        with _modules_hidden_from_vllm_scan():
+        with _modules_hidden_from_vllm_scan(), environment(launch_env):
             self.llm: Any = vllm.LLM(
                 model=str(path),
                 dtype=dtype,
@@ -284,7 +284,7 @@ class VLLMSampler:
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._push_dir)})
 
 
-def colocated_launch(on_cuda: bool) -> dict[str, str]:
+def colocated_launch(on_cuda: bool) -> tuple[dict[str, str], dict[str, str]]:
     """The engine's executor inside a data-parallel job (torch.distributed up with a world larger than one): vLLM's
     ``external_launcher``, one engine per rank on the rank's own device, as TRL's and verl's colocated modes run it.
 
@@ -292,16 +292,33 @@ def colocated_launch(on_cuda: bool) -> dict[str, str]:
     engine would start on cuda:0 and move the rank's current device there. The launcher reads ``RANK`` (the global
     rank; Lightning sets only ``LOCAL_RANK``) and ``LOCAL_RANK`` (the device index: the rank's current CUDA device; on
     CPU the launcher's own) from the environment; it all-reduces the KV memory over the ranks when the engines start,
-    so every rank must build its engine at the same point (``SamplerCallback.on_fit_start``). -> extra ``vllm.LLM``
-    keywords ({} in one process)."""
+    so every rank must build its engine at the same point (``SamplerCallback.on_fit_start``).
+    -> (extra ``vllm.LLM`` keywords, the environment the engine is built in), both {} in one process. The
+    environment is set only around the engine's construction (``environment``): Lightning re-reads ``LOCAL_RANK`` as
+    the rank's position in ``trainer.devices``, which is not the device index for a list such as [1, 2]."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return {}
-    os.environ["RANK"] = str(dist.get_rank())
+        return {}, {}
     local = torch.cuda.current_device() if on_cuda else int(os.environ.get("LOCAL_RANK", "0"))
-    os.environ["LOCAL_RANK"] = str(local)
-    return {"distributed_executor_backend": "external_launcher"}
+    env = {"RANK": str(dist.get_rank()), "LOCAL_RANK": str(local)}
+    return {"distributed_executor_backend": "external_launcher"}, env
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block; afterwards (an exception included) each key has its earlier value
+    again, or is unset if it was."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ from mempo.core.base import temp_sibling
 from mempo.core.console import say
 from mempo.core.format import Tags
 from mempo.core.tasks import Question, Task
-from mempo.data.compose import compose_tasks, task_capacity
-from mempo.data.qa_files import load_qa_items
+from mempo.data.compose import compose_tasks, source_counts, subset_by_source, task_capacity
+from mempo.data.qa_files import id_prefixes, load_qa_items
 from mempo.data.synthetic import SPLITS, SyntheticQuestion, SyntheticWorld, split_questions
 from mempo.lm.loading import ModelConfig, cache_root, load_policy, resolve_model_path, train_top_layers
 from mempo.lm.lora import apply_lora, base_fingerprint
@@ -100,33 +100,75 @@ def build_tasks(
     """Tasks of ``split`` ("train", "val", "test") with ``data.objectives`` (or ``objectives``) questions each.
     Synthetic "val"/"test" tasks ask about the held-out world only (``split_questions``). qa_files: train_files,
     val_files or test_files; the tasks of pre-composed files with that many objectives come first, as they are,
-    then the questions of question files composed by ``data.compose``.
+    then the questions of question files composed by ``data.compose``. Default ids of files that share a stem carry
+    their folders (``id_prefixes``); a task id given twice is an error naming both files.
 
     num_tasks: None = each question of the split once. For "val" and "test", more tasks than the split holds is
-    an error naming the numbers; "train" reuses questions across epochs (``compose_tasks``).
+    an error naming the numbers; "train" reuses questions across epochs (``compose_tasks``). Fewer tasks than the
+    pre-composed files hold are drawn from them by source with ``seed`` (``subset_by_source``); for qa_files'
+    "val" and "test" one console line gives the tasks of each source.
     """
     n_obj = objectives or cfg.data.objectives
-    prefix, mode = f"{split}-n{n_obj}", cfg.data.compose
-    given: list[Task] = []
     if cfg.data.source == "synthetic":
         questions = [q.question for q in split_questions(synthetic_world(cfg), split, seed=cfg.seed)]
-        where = f"the synthetic world's {split} split"
-    else:
-        key = {"train": "train_files", "val": "val_files", "test": "test_files"}[split]
-        files = cfg.data[key]
-        if not files:
-            raise ValueError(f"data.{key} is empty (eval.split={split} reads it)")
-        questions = []
-        for f in files:
-            items = load_qa_items(f)
-            if isinstance(items[0], Task):
-                given += [t for t in items if len(t.objectives) == n_obj]
-            else:
-                questions += items
-        if split == "test":
-            check_disjoint(cfg, files, questions + [q for t in given for q in t.objectives])
-        where = f"data.{key} ({len(files)} file(s))"
-    holds = len(given) + (task_capacity(questions, n_obj, mode) if len(questions) >= n_obj else 0)
+        return _select(cfg, split, [], questions, f"the synthetic world's {split} split", num_tasks, n_obj)
+    key = {"train": "train_files", "val": "val_files", "test": "test_files"}[split]
+    files = cfg.data[key]
+    if not files:
+        raise ValueError(f"data.{key} is empty (eval.split={split} reads it)")
+    given: list[Task] = []
+    questions: list[Question] = []
+    origin: dict[str, str] = {}  # task id -> the file that gave it
+    for f, id_prefix in zip(files, id_prefixes(files, f"data.{key}")):
+        items = load_qa_items(f, id_prefix)
+        if isinstance(items[0], Task):
+            for t in items:
+                if t.task_id in origin:
+                    raise ValueError(
+                        f"data.{key}: task id {t.task_id!r} is in {origin[t.task_id]} and in {f}: results are kept "
+                        "by task id, so one of the two would be lost; give the tasks distinct task_id values"
+                    )
+                origin[t.task_id] = str(f)
+            given += [t for t in items if len(t.objectives) == n_obj]
+        else:
+            questions += items
+    if split == "test":
+        check_disjoint(cfg, files, questions + [q for t in given for q in t.objectives])
+    where = f"data.{key} ({len(files)} file(s))"
+    tasks = _select(cfg, split, given, questions, where, num_tasks, n_obj)
+    ids = {t.task_id for t in given}
+    clash = next((t.task_id for t in tasks[len(given) :] if t.task_id in ids), None)
+    if clash is not None:
+        raise ValueError(
+            f"data.{key}: task id {clash!r} of {origin[clash]} is also the id of a task composed from the question "
+            f"files ({split}-n{n_obj}-k): rename the file or give its tasks task_id values"
+        )
+    if split != "train":
+        holds = _capacity(given, questions, n_obj, cfg)
+        say(
+            f"[mempo] {split} tasks of N={n_obj} from {where}: {len(tasks)} of {holds} (seed {cfg.seed}), by source: "
+            f"{source_counts(tasks)}"
+        )
+    return tasks
+
+
+def _capacity(given: list[Task], questions: list[Question], n_obj: int, cfg: DictConfig) -> int:
+    """Tasks of ``n_obj`` objectives a split holds: its pre-composed ones and one pass over its questions."""
+    return len(given) + (task_capacity(questions, n_obj, cfg.data.compose) if len(questions) >= n_obj else 0)
+
+
+def _select(
+    cfg: DictConfig,
+    split: str,
+    given: list[Task],
+    questions: list[Question],
+    where: str,
+    num_tasks: int | None,
+    n_obj: int,
+) -> list[Task]:
+    """``build_tasks``' selection: the pre-composed ``given`` (fewer than they are: drawn by source with the seed,
+    ``subset_by_source``), then tasks composed from ``questions`` by ``data.compose``."""
+    holds = _capacity(given, questions, n_obj, cfg)
     if holds == 0:
         raise ValueError(f"{where}: no task of {n_obj} objectives ({len(questions)} questions, {len(given)} tasks)")
     if split != "train" and num_tasks is not None and num_tasks > holds:
@@ -136,8 +178,9 @@ def build_tasks(
             "data.num_val_tasks, or set eval.num_tasks=null to use each question once"
         )
     if len(given) >= (num_tasks or holds) or len(questions) < n_obj:
-        return given[:num_tasks]
+        return subset_by_source(given, num_tasks, cfg.seed)
     rest = None if num_tasks is None else num_tasks - len(given)
+    prefix, mode = f"{split}-n{n_obj}", cfg.data.compose
     return given + compose_tasks(questions, n_obj, num_tasks=rest, seed=cfg.seed, prefix=prefix, mode=mode)
 
 

@@ -97,3 +97,17 @@ def test_by_source_groups_consecutive_questions_of_one_source():
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"5 tasks asked, but 8 questions compose 4 tasks"):
         compose_tasks(qs, 2, mode="by_source", num_tasks=5)
+
+
+def test_by_source_with_fewer_tasks_draws_each_sources_share_with_the_seed():
+    """by_source took its first ``num_tasks`` groups, i.e. the first source(s) of the file only. 200 questions of
+    nq then 100 of hotpotqa, N=2: 150 groups, 100 and 50; 30 tasks are 20 and 10, the same ones for the same seed."""
+    qs = [Question(f"n{i}?", ("a",), f"n{i}", "nq") for i in range(200)]
+    qs += [Question(f"h{i}?", ("a",), f"h{i}", "hotpotqa") for i in range(100)]
+    tasks = compose_tasks(qs, 2, mode="by_source", num_tasks=30, seed=0, prefix="t")
+    assert [t.source for t in tasks].count("nq") == 20 and [t.source for t in tasks].count("hotpotqa") == 10
+    everything = {t.task_id: t for t in compose_tasks(qs, 2, mode="by_source", prefix="t")}
+    assert all(everything[t.task_id] == t for t in tasks)  # a task keeps its id in the full pass
+    assert [t.task_id for t in tasks] == sorted((t.task_id for t in tasks), key=lambda k: int(k.split("-")[1]))
+    assert compose_tasks(qs, 2, mode="by_source", num_tasks=30, seed=0, prefix="t") == tasks
+    assert compose_tasks(qs, 2, mode="by_source", num_tasks=30, seed=1, prefix="t") != tasks

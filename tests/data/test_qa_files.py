@@ -32,20 +32,21 @@ def write_parquet(path: Path, rows: list[dict], schema: pa.Schema | None = None)
     return path
 
 
-def expected(stem: str) -> list[Question]:
-    """A row's data_source, else the file stem."""
+def expected(stem: str, source: str | None = None) -> list[Question]:
+    """A row's data_source, else ``source`` (default the file stem); default ids are the stem and the row."""
+    source = source or stem
     return [
-        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "nq-1", stem),
-        Question("when did the lighthouse open?", ("1911",), "2", stem),
+        Question("who wrote the velvet almanac?", ("Ida Moss", "I. Moss"), "nq-1", source),
+        Question("when did the lighthouse open?", ("1911",), "2", source),
         Question("what river runs through ardent?", ("Tesk",), f"{stem}-3", "nq"),
-        Question("which bird nests on the tower?", ("kestrel",), f"{stem}-4", stem),
-        Question("what colour is the door?", ("blue",), f"{stem}-5", stem),
+        Question("which bird nests on the tower?", ("kestrel",), f"{stem}-4", source),
+        Question("what colour is the door?", ("blue",), f"{stem}-5", source),
     ]
 
 
 def test_jsonl_with_every_accepted_field_shape(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "dev.jsonl", ROWS[:2] + [""] + ROWS[2:])  # a blank line is skipped
-    assert load_qa_file(path) == expected("dev")
+    assert load_qa_file(path) == expected("dev", source=tmp_path.name)  # a split's name: the folder is the dataset
 
 
 def test_json_array_and_json_lines(tmp_path: Path) -> None:
@@ -238,3 +239,17 @@ def test_null_cells_fall_back_per_cell(tmp_path: Path) -> None:
         Question("who?", ("Ann",), "a", "nq"),
         Question("what?", ("blue",), "nulls-2", "nulls"),
     ]
+
+
+@pytest.mark.parametrize("split", ["train", "dev", "val", "validation", "test", "Test"])
+def test_flashrag_layout_takes_the_source_from_the_dataset_folder(tmp_path: Path, split: str) -> None:
+    """FlashRAG ships ``<dataset>/<split>.jsonl`` without data_source: the source was the split's name for every
+    dataset. A row's own data_source still wins; a file named for its dataset keeps its stem."""
+    rows = [{"question": "who?", "golden_answers": ["Ann"]}, {"question": "what?", "answer": "x", "data_source": "nq"}]
+    folder = tmp_path / "triviaqa"
+    folder.mkdir()
+    path = write_jsonl(folder / f"{split}.jsonl", rows)
+    assert [q.source for q in load_qa_file(path)] == ["triviaqa", "nq"]
+    assert [q.qid for q in load_qa_file(path)] == [f"{split}-1", f"{split}-2"]  # ids keep the file stem
+    flat = write_jsonl(folder / "popqa.jsonl", rows)
+    assert [q.source for q in load_qa_file(flat)] == ["popqa", "nq"]

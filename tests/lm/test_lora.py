@@ -264,6 +264,30 @@ def test_the_base_fingerprint_follows_the_files_not_the_folder_name(tiny_path: P
     assert base_fingerprint("org/not-cached", hf_cache_dir=str(tmp_path / "hf")) == "hub:org/not-cached"
 
 
+@pytest.mark.parametrize("which", ["every weight", "one layer's down_proj"])
+def test_the_base_fingerprint_tells_retrained_weights_of_one_architecture_apart(
+    tiny_path: Path, tmp_path: Path, which: str
+) -> None:
+    """Config and file sizes alone gave the tiny model saved, perturbed and saved again the same fingerprint, so an
+    adapter resumed onto a retrained warm start without a word. A retrain of every weight, or of the top layer only
+    (``model.train_top_layers``), is another base; the same weights saved again are the same base."""
+    from mempo.lm.lora import base_fingerprint, same_base
+
+    model, _ = load_policy(tiny_path)
+    model.save_pretrained(tmp_path / "before", safe_serialization=True)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if which == "every weight" or name.endswith("layers.1.mlp.down_proj.weight"):
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(tmp_path / "after", safe_serialization=True)
+    sizes = {f.name: f.stat().st_size for f in (tmp_path / "before").iterdir()}
+    assert sizes == {f.name: f.stat().st_size for f in (tmp_path / "after").iterdir()}  # one architecture
+    assert not same_base(base_fingerprint(tmp_path / "before"), base_fingerprint(tmp_path / "after"))
+    load_policy(tiny_path)[0].save_pretrained(tmp_path / "again", safe_serialization=True)  # the same weights again
+    assert same_base(base_fingerprint(tmp_path / "again"), base_fingerprint(tmp_path / "before"))
+
+
 def test_the_plan_counts_the_adapters_peft_builds(tiny_path: Path, make_cfg) -> None:
     from mempo.capacity.gpu_memory import model_shape, plan_memory
 

@@ -21,9 +21,9 @@ ARGS = [
     "ckpt.every_n_steps=1",
     "agent.max_turns=1",
     "sampler.max_new_tokens=8",
-    # The random tiny model's rewards are all 0, so every advantage is 0: with optim.skip_no_signal (or
-    # skip_zero_adv_rows, which would leave every row out) no AdamW step would run and there would be no optimizer
-    # state whose continuation this test checks.
+    # The random tiny model's rewards are all 0, so every advantage is 0: with optim.skip_no_signal no AdamW step
+    # would run and there would be no optimizer state whose continuation this test checks; skip_zero_adv_rows=false
+    # computes every row, a full step's forward and backward.
     "optim.skip_no_signal=false",
     "optim.skip_zero_adv_rows=false",
     "eval.every_n_steps=0",  # no validation (the debug config's): the kill and the resume are what this tests

@@ -10,7 +10,8 @@ gradients (before clipping; rank 0 only)}. A resumed run starts its records at t
 generates with the (sharded) policy itself, in lock step; ``separate`` uses an HFSampler over its own unsharded copy
 of the starting weights, so every step pushes the policy's gathered weights into it and the canary checks that they
 landed; ``vllm`` builds a float32 vLLM-CPU engine on every rank (the config's ``sampler=vllm``) and records, per rank,
-the executor it runs under and the ``RANK`` / ``LOCAL_RANK`` it was started with ("engine").
+the executor it runs under, the ``RANK`` / ``LOCAL_RANK`` its worker was started with, and the process's own before
+and after the engine's construction ("engine").
 
 Lightning starts rank 1 by re-running this script, so the signed test estimator is registered here (conftest's is not
 loaded in a subprocess): a nonzero gradient whatever the rewards, so equal weights mean synchronized updates.
@@ -31,6 +32,7 @@ from mempo.lm.sharding import full_tensors
 from mempo.losses import AdvantageConfig, AdvantageInputs, MemoryConfig, register_advantage
 from mempo.models.parallel import gather_objects
 from mempo.rollout.hf_sampler import HFSampler
+from mempo.rollout.vllm_sampler import _inprocess_worker
 from mempo.stages.config import compose_config
 from mempo.stages.train import fit_rl
 
@@ -52,16 +54,23 @@ class Probe(L.Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
         self.record: dict[str, Any] = {"grads": None, "weights": {}, "tasks": {}, "engine": None}
+        self.env_before: dict[str, str | None] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:  # in each rank, before the engine starts
+        self.env_before = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         llm = getattr(pl_module.sampler, "llm", None)
         if llm is not None:  # a vLLM engine
             parallel = llm.llm_engine.vllm_config.parallel_config
-            env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
+            worker = _inprocess_worker(llm)  # the RANK and LOCAL_RANK the engine was started with
             self.record["engine"] = {
                 "backend": parallel.distributed_executor_backend,
                 "world": parallel.world_size,
-                **env,
+                "RANK": str(worker.rank),
+                "LOCAL_RANK": str(worker.local_rank),
+                "env_after": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")},  # the process's, after the build
+                "env_before": self.env_before,
             }
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:

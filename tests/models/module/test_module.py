@@ -225,7 +225,7 @@ def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip
 
     cfg = make_cfg(
         *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "agent.max_turns=1", "trainer.max_steps=2",
-        # skip_zero_adv_rows would leave every row of the no-signal step out, i.e. skip its update too
+        # without skip_zero_adv_rows every row of the no-signal step is computed (its gradient is exactly 0)
         f"optim.skip_no_signal={skip}", f"optim.skip_zero_adv_rows={skip}", f"run_dir={tmp_path}",
     )  # fmt: skip
     module, summary = fit_rl(cfg, callbacks=[ZeroAfterFirst()])
@@ -239,6 +239,55 @@ def test_a_step_without_signal_leaves_the_weights_alone(make_cfg, tmp_path, skip
             torch.testing.assert_close(after_two[k], v, rtol=0, atol=0, msg=k)  # bit-identical: no update
     else:
         assert any(not torch.equal(after_two[k], v) for k, v in ZeroAfterFirst.after_one.items())
+
+
+@pytest.mark.parametrize("skip_rows", [True, False])
+def test_without_skip_no_signal_a_no_signal_step_is_adams_step_on_a_zero_gradient(make_cfg, tmp_path, skip_rows):
+    """``optim.skip_no_signal=false`` says: update on a step without signal too. Under ``skip_zero_adv_rows`` (the
+    default) such a step left every row out, so one process ran no backward, every gradient stayed None and AdamW
+    moved nothing, while under DDP/FSDP the idle rank's zero-weighted backward made AdamW move the weights with its
+    moments: the two diverged. Now both: step 2's weights are AdamW's step on a zero gradient from step 1's state,
+    computed here by hand (p -= lr / (1 - b1^2) * b1 m / (sqrt(b2 v / (1 - b2^2)) + eps), weight decay 0)."""
+    from dataclasses import replace
+
+    from lightning.pytorch.callbacks import Callback
+
+    class ZeroAfterFirst(Callback):
+        after_one: dict = {}
+        state: dict = {}
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            if module.batches_done == 1:
+                ZeroAfterFirst.after_one = _params(module.policy)
+                opt = trainer.optimizers[0]
+                ZeroAfterFirst.state = {
+                    n: {k: v.detach().clone() for k, v in opt.state[p].items()}
+                    for n, p in module.policy.named_parameters()
+                    if opt.state.get(p)
+                }
+                module.advantage_cfg = replace(module.advantage_cfg, estimator="grpo")
+                module.memory_cfg = replace(module.memory_cfg, alpha=0.0)
+
+    cfg = make_cfg(
+        *SMOKE, "advantage.estimator=test_signed", "loss.kl_coef=0", "agent.max_turns=1", "trainer.max_steps=2",
+        "optim.skip_no_signal=false", f"optim.skip_zero_adv_rows={skip_rows}", f"run_dir={tmp_path}",
+    )  # fmt: skip
+    module, _ = fit_rl(cfg, callbacks=[ZeroAfterFirst()])
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [float(r["train/no_signal"]) for r in rows] == [0.0, 0.0]
+    assert float(rows[1]["rollout/reward_mean"]) == 0.0 and float(rows[1]["train/grad_norm"]) == 0.0
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, cfg.optim.lr  # torch.optim.AdamW's defaults; configure_optimizers sets lr
+    assert ZeroAfterFirst.state and all(float(st["step"]) == 1 for st in ZeroAfterFirst.state.values())
+    after_two = _params(module.policy)
+    for name, p1 in ZeroAfterFirst.after_one.items():
+        st = ZeroAfterFirst.state.get(name)
+        if st is None:  # no gradient at step 1: no AdamW state, nothing to move
+            assert_close(after_two[name], p1, rtol=0, atol=0, msg=name)
+            continue
+        m, v = b1 * st["exp_avg"].double(), b2 * st["exp_avg_sq"].double()
+        want = p1.double() - lr / (1 - b1**2) * m / ((v / (1 - b2**2)).sqrt() + eps)
+        assert_close(after_two[name], want.float(), msg=lambda text, name=name: f"{name}: {text}")
+    assert any(not torch.equal(after_two[k], v) for k, v in ZeroAfterFirst.after_one.items())
 
 
 def test_train_top_layers_updates_only_the_last_layers(make_cfg, tmp_path):

@@ -122,12 +122,17 @@ def test_lightning_fsdp1_and_deepspeed_are_refused_naming_the_key(strategy: str)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_one_vllm_engine_per_rank_under_the_external_launcher(strategy: str, tmp_path: Path) -> None:
     """``sampler=vllm`` on two CPU processes: each rank builds its own float32 vLLM-CPU engine under vLLM's external
-    launcher (the executor the CUDA path needs for one engine per GPU), started with its own RANK and LOCAL_RANK; one
+    launcher (the executor the CUDA path needs for one engine per GPU), started with its own RANK and LOCAL_RANK, which
+    the process's environment holds only while the engine is built; one
     step, whose pushed weights the canary finds in both engines and whose ratios say the engines' log-probs were the
     trainer's."""
     ranks = _probe(tmp_path, strategy, "vllm", "trainer.max_steps=1")
     for r, record in enumerate(ranks):
-        assert record["engine"] == {"backend": "external_launcher", "world": 1, "RANK": str(r), "LOCAL_RANK": str(r)}
+        engine = {k: record["engine"][k] for k in ("backend", "world", "RANK", "LOCAL_RANK")}
+        assert engine == {"backend": "external_launcher", "world": 1, "RANK": str(r), "LOCAL_RANK": str(r)}
+        # The launcher's RANK and LOCAL_RANK were set only while the engine was built (Lightning re-reads LOCAL_RANK).
+        assert record["engine"]["env_after"] == record["engine"]["env_before"]
+        assert record["engine"]["env_before"]["LOCAL_RANK"] == str(r)
     shares = ranks[0]["tasks"][1]
     assert len(shares) == 2 and not set(shares[0]) & set(shares[1])  # data.batch_size=4: 2 tasks per rank
     (row,) = csv.DictReader((tmp_path / "metrics.csv").open())
