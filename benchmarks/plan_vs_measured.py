@@ -301,7 +301,7 @@ def recipe_child(recipe: str, extra: list[str], device: str) -> dict[str, Any]:
         before = meter.now()
         with torch.autocast(device, dtype=low):
             forward_backward()
-            default_cache["held_after_backward"] = meter.now() - before
+            default_cache["held_after_backward"] = max(meter.now() - before, 0)
             step()
             default_cache["state_in_region"] = meter.now() - base - params
         opt.zero_grad(set_to_none=False)
