@@ -221,3 +221,46 @@ def test_both_sides_train_on_the_same_alternating_pattern():
     adv = ADVANTAGE_ESTIMATORS[ALTERNATING](x, MemoryConfig(), AdvantageConfig())[:, 0]
     # rewards 1, 0, 1, 0 per group: mean 0.5, sample std 0.5774 -> z-scores +-0.866 (GRPO's, as TRL's)
     torch.testing.assert_close(adv, torch.tensor([0.866, -0.866] * 4), rtol=0, atol=1e-3)
+
+
+def test_plan_vs_measured_refuses_mixed_up_arguments():
+    for argv, message in [
+        (["--device", "cuda", "--rows", "2"], "--rows: CPU mode only"),
+        (["--set", "optim.micro_batch_size=2"], "--set: recipe mode only"),
+        (["--recipes", "+exp=mempo_1gpu", "--set", "optim.micro_batch_size"], "--set takes KEY=VALUE overrides"),
+    ]:
+        out = python("-m", "benchmarks.plan_vs_measured", *argv)
+        assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
+
+
+def test_plan_vs_measured_cuda_mode_without_a_gpu_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: scripts/gpu_smoke.sh runs the CUDA mode")
+    out = python("-m", "benchmarks.plan_vs_measured", "--device", "cuda", "--recipes", "+exp=mempo_1gpu")
+    assert out.returncode == 1
+    assert "--device cuda: torch sees no CUDA device here" in out.stdout, out.stdout
+
+
+def test_plan_vs_measured_recipe_mode_on_the_cpu(tiny_path, tmp_path):
+    """The CUDA mode's code on the CPU: both 1-GPU recipes over the tiny model's shape, a small micro-batch; the
+    built policy has the plan's parameter counts and every term is reported."""
+    result = tmp_path / "result.json"
+    small = [f"model.name_or_path={tiny_path}", "optim.micro_batch_size=1", "agent.max_context_tokens=64",
+             "sampler.max_new_tokens=8"]  # fmt: skip
+    out = python("-m", "benchmarks.plan_vs_measured", "--recipes", "+exp=mempo_1gpu", "+exp=mempo_1gpu_lora",
+                 "--set", *small, "--json", str(result), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(result.read_text())["results"]
+    assert [(r["recipe"], r["lora_rank"]) for r in rows] == [("+exp=mempo_1gpu", 0), ("+exp=mempo_1gpu_lora", 32)]
+    for r in rows:
+        assert (r["params_built"], r["trainable_built"]) == (r["params_planned"], r["trainable_planned"])
+        assert (r["rows"], r["length"], r["scored"], r["tokens"]) == (1, 64, 8, 63)
+        assert set(r["plan"]) == set(r["measured"]) == {"params", "state", "cache", "compute", "step", "trainer_side"}
+        assert r["plan"]["cache"] == 0 and r["precision"] == "bf16-mixed" and r["checkpointing"]
+        assert r["measured"]["params"] > 0 and r["fwd_bwd_s"] > 0
+        assert set(r["default_cache"]) == {"held_after_backward", "state_in_region"}
+    for label in ("grads + AdamW moments", "weight casts + activations + logits", "trainer side, update phase"):
+        assert out.stdout.count(label) == 2, out.stdout
+    assert out.stdout.count("parameters built") == 2 and "equal" in out.stdout

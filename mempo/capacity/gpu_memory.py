@@ -17,8 +17,24 @@ What each part holds (P: all parameters, P_t: the trainable ones, ``model.train_
   unit (embeddings, final norm and an untied head; FSDP2 keeps the root unsharded from forward into backward), plus
   one layer's unsharded gradient in fp32 before its reduce-scatter. Under ``ddp`` (and ``auto`` on more than one
   device, which Lightning makes DDP) every GPU holds everything, plus DDP's gradient buckets (one more copy of the
-  gradients: PyTorch's default ``gradient_as_bucket_view=False``) and, under a mixed precision with parameters wider
-  than c, autocast's cache of the trainable weights cast to c (kept until the autocast region of the step ends).
+  gradients: PyTorch's default ``gradient_as_bucket_view=False``).
+  AdamW (torch's foreach implementation on GPUs) holds nothing else between steps: its ``step`` counters are host
+  scalars. What a measurement finds beyond 3*P_t*b after a step is not the optimizer's. One H200 measurement of the
+  7B LoRA recipe found 1.138 GiB where the plan has 0.902, and of the 1.5B recipe 0.079 GiB above the plan's 17.252:
+  the CUDA libraries' workspaces (cuBLAS keeps one per handle and stream, and the autograd engine's backward thread
+  has its own handle), a per-process constant that ``plan.overhead_gib`` covers, and, for LoRA, 0.150 GiB more: the
+  adapters cast to c (P_t*c), which is what autocast's weight cache holds where the region enables it (torch's
+  default) and is still open. mempo's region keeps no cache (next item); ``benchmarks.plan_vs_measured --device
+  cuda`` measures the state after a step with the cache off, as mempo trains, and on.
+- weight casts, under a mixed precision with fp32 weights and compute in c (replicated strategies; fsdp2 computes on
+  its unsharded c copies): Lightning's ``MixedPrecision`` plugin enters ``torch.autocast`` with ``cache_enabled=False``
+  (``lightning/pytorch/plugins/precision/amp.py``), so autocast keeps no cache of cast weights; each linear casts its
+  fp32 weight to c when it runs, and autograd saves that cast for the backward of a layer it records. Without gradient
+  checkpointing every recorded layer's casts are alive from its forward to its backward: c times its seven projection
+  weights (``ModelShape.layer_linear_weights``; biases are not saved) where they are fp32, plus each LoRA adapter's
+  weights in c (the adapters are fp32 over any base); with checkpointing only the layer being recomputed holds them.
+  The output head casts its weight (V*h in c) for each chunk it scores. A region with the cache on (torch's default)
+  would instead hold every cast weight until it ends.
 - the frozen reference (``loss.kl_coef > 0``): P*b_m, divided by W under fsdp2.
 - the vLLM engine (``sampler.backend=vllm``): one per rank, its weights P * bytes(``sampler.dtype``) /
   ``sampler.tensor_parallel_size``; on a GPU its KV cache is vLLM's budget ``gpu_memory_utilization * GPU`` minus
@@ -57,9 +73,9 @@ What each part holds (P: all parameters, P_t: the trainable ones, ``model.train_
   them unless ``train_top_layers``), plus, under autocast, each adapter's cast of its input to c (c*(5h + q + i) per
   token and layer: peft casts the input to the adapter's fp32, autocast back to c); the head does not train.
 
-Phases: generation (resident state + the awake engine), update (resident + gradients + activations + logits + the
-engine unless asleep) and the optimizer step. The plan adds each phase's parts at their peaks, so it bounds what a
-step holds: from the second micro-batch of a step on, gradients, moments and a micro-batch's activations are all
+Phases: generation (resident state + the awake engine), update (resident + gradients + weight casts + activations +
+logits + the engine unless asleep) and the optimizer step. The plan adds each phase's parts at their peaks, so it bounds
+what a step holds: from the second micro-batch of a step on, gradients, moments and a micro-batch's activations are all
 alive at once. Not counted: no-grad forwards (old/reference log-probs, memory scoring: smaller than the update), the
 one-tensor-at-a-time gather of a weight push, HF generation's KV cache (``sampler=hf``), host memory.
 """
@@ -220,6 +236,12 @@ class ModelShape:
         attn = h * q + 2 * h * kv + q * h + self.qkv_bias * (q + 2 * kv) + self.o_bias * h
         mlp = 3 * h * i + self.mlp_bias * (2 * i + h)
         return attn + mlp + 2 * h
+
+    @property
+    def layer_linear_weights(self) -> int:
+        """One decoder layer's seven projection weights (no biases, no norms): what autocast casts for its matmuls."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return 2 * h * q + 2 * h * kv + 3 * h * i
 
     @property
     def embed_params(self) -> int:
@@ -423,7 +445,7 @@ class MemoryPlan:
     optimizer: int
     optimizer_step: int  # the step's transient buffer
     unsharded: int  # fsdp2: gathered layers and root unit for compute
-    autocast_cache: int
+    weight_casts: int  # mixed precision: fp32 weights cast to the compute dtype, saved for backward
     reference: int
     engine_weights: int
     engine_kv: int
@@ -456,7 +478,7 @@ class MemoryPlan:
 
     @property
     def update(self) -> int:
-        compute = self.unsharded + self.autocast_cache + self.activations + self.logits
+        compute = self.unsharded + self.weight_casts + self.activations + self.logits
         return self.resident + self.grads + compute + self.engine_in_update
 
     @property
@@ -469,8 +491,9 @@ class MemoryPlan:
 
     @property
     def trainer_side(self) -> int:
-        """params + gradients + moments + activations + logits: what ``benchmarks.plan_vs_measured`` measures."""
-        return self.params + self.grads + self.optimizer + self.activations + self.logits
+        """params + gradients + moments + weight casts + activations + logits: what ``benchmarks.plan_vs_measured``
+        measures (the update phase without the engine, the reference, DDP buckets and the overhead)."""
+        return self.params + self.grads + self.optimizer + self.weight_casts + self.activations + self.logits
 
     @property
     def kv_tokens(self) -> int:
@@ -512,7 +535,17 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
     if x.sharded:
         root = shape.embed_params + shape.head_params + shape.hidden_size
         unsharded = (2 * shape.layer_params + root) * c + shape.layer_params * 4
-    mixed_cast = x.precision.endswith("-mixed") and not x.sharded and b_t > c
+    # Casts of fp32 weights to c under autocast (Lightning's region caches none): one recorded layer's worth when
+    # checkpointing recomputes a layer at a time, else every recorded layer's; the head's weight per chunk.
+    layers = shape.num_layers if x.train_top_layers is None else x.train_top_layers
+    cast_layer = head_cast = 0
+    if x.precision.endswith("-mixed") and not x.sharded:
+        if b_m > c:
+            cast_layer += shape.layer_linear_weights * c
+            head_cast = shape.vocab_size * shape.hidden_size * c
+        if x.lora_rank and b_t > c:
+            cast_layer += trainable // layers * c
+    weight_casts = (cast_layer if x.gradient_checkpointing else layers * cast_layer) + head_cast
     if x.on_gpu:
         optimizer_step = trainable * b_t // shards  # foreach AdamW: one parameter-sized buffer
     elif x.lora_rank:
@@ -533,7 +566,6 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
 
     b, s = x.micro_batch_size, x.seq_len
     tokens, scored = b * s, b * x.scored_per_row
-    layers = shape.num_layers if x.train_top_layers is None else x.train_top_layers
     layer = layer_activation_bytes(shape, tokens, residual_bytes=r, compute_bytes=c)
     h = shape.hidden_size
     if x.lora_rank and c != 4:  # each adapter's autocast cast of its (fp32-cast) input
@@ -555,7 +587,7 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> MemoryPlan:
         optimizer=2 * trainable * b_t // shards,
         optimizer_step=optimizer_step,
         unsharded=unsharded,
-        autocast_cache=trainable * c if mixed_cast else 0,
+        weight_casts=weight_casts,
         reference=total * b_m // shards if x.reference else 0,
         engine_weights=engine_weights,
         engine_kv=engine_kv,
@@ -603,8 +635,11 @@ def _parts(p: MemoryPlan) -> list[tuple[str, str, int | None]]:
         rows.append(("DDP buckets", "a second copy of the gradients", p.ddp_buckets))
     if p.unsharded:
         rows.append(("unsharded", f"2 layers + root unit in {_dtype(x.compute_bytes)}, 1 layer grad fp32", p.unsharded))
-    if p.autocast_cache:
-        rows.append(("autocast cache", f"trainable weights cast to {_dtype(x.compute_bytes)}", p.autocast_cache))
+    if p.weight_casts:
+        held = "the recomputed layer" if x.gradient_checkpointing else "every trained layer"
+        head = " + the head" if x.param_bytes > x.compute_bytes else ""
+        what = f"{_dtype(x.compute_bytes)} casts: {held}{head}"
+        rows.append(("weight casts", what, p.weight_casts))
     if x.lora_rank:
         rows[0] = ("policy params", f"frozen base {params} + fp32 adapters", p.params)
         rows[1:3] = [
@@ -667,9 +702,7 @@ def render(plan: MemoryPlan, title: str = "") -> str:
     width = max(len(what) for _, what, _ in parts)
     lines += [f"  {name:<15} {what:<{width}} {'' if n is None else gib(n):>8}" for name, what, n in parts]
     engine = "no engine" if x.engine is None else "engine asleep" if x.engine.sleep else "engine awake"
-    compute = "".join(
-        f"{name}, " for name, n in (("unsharded", p.unsharded), ("autocast cache", p.autocast_cache)) if n
-    )
+    compute = "".join(f"{name}, " for name, n in (("unsharded", p.unsharded), ("weight casts", p.weight_casts)) if n)
     phases = [
         ("generation", p.generation, "params, moments, reference, engine, overhead"),
         ("update", p.update, f"+ gradients, {compute}activations, logits; {engine}"),

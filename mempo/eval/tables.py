@@ -20,6 +20,16 @@ def markdown_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join([head, sep, *body])
 
 
+def have_matplotlib() -> bool:
+    """Whether matplotlib imports. Only the figures need it: a training run without it (a locked-down GPU machine with
+    only the packages training imports) writes its metrics.csv and skips curves.png."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the Agg backend (no display: figures are only written to files)."""
     import matplotlib

@@ -31,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import bm25s
 import numpy as np
 
 from mempo.core.base import read_jsonl
+from mempo.core.jax_guard import keep_jax_off_gpu
+
+keep_jax_off_gpu()  # before bm25s imports (and starts) JAX, where it is installed: mempo.core.jax_guard
+import bm25s  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +216,9 @@ def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
     dispatches to: on AVX512 machines its SIMD sort returned other tied passages, in another order, than on
     AVX2-only ones, so the synthetic world's teacher trajectories and every rollout differed between machine kinds
     (tests/models/sft/test_sft_pin.py's pins, made on AVX2, failed on AVX512-BF16). Ties are common there: templated
-    passages of equal length score equally for an entity they all name.
+    passages of equal length score equally for an entity they all name. So ``retrieve`` never calls bm25s's
+    ``BM25.retrieve`` or its selection backends (``backend_selection``, which is JAX where jax is installed): JAX sees
+    only bm25s's import-time call (tests/core/test_jax_guard.py).
     """
     n = scores.shape[0]
     k = min(k, n)

@@ -21,6 +21,7 @@ from mempo.data.datamodule import RedrawStream, TaskDataModule, per_rank_batch, 
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
 from mempo.eval.memory_credit import CREDIT_FILE
+from mempo.eval.tables import have_matplotlib
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.lm.lora import apply_lora, export_states, is_lora, save_lora
 from mempo.lm.sharding import is_sharded
@@ -251,7 +252,10 @@ def fit_rl(
     hf = _export(module.policy, module.tokenizer, out / "hf", write=trainer.is_global_zero, state=module.final_state)
     curves = None
     if trainer.is_global_zero and (out / "metrics.csv").is_file():
-        curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
+        if have_matplotlib():
+            curves = str(plot_runs([out], out / "curves.png", labels=[cfg.name]))
+        else:
+            print("[mempo] rl: matplotlib is not installed: no curves.png (metrics.csv holds the curves' data)")
     summary = {
         "stage": "rl",
         "name": cfg.name,

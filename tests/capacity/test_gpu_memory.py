@@ -133,7 +133,7 @@ def test_fsdp2_divides_the_states_by_the_world_size():
     assert (p.params, p.grads, p.optimizer) == (TOTAL, TOTAL, 2 * TOTAL)  # 4 bytes x TOTAL / 4 GPUs
     # two layers and the root unit (embedding, head, final norm: 128,064) in bf16, one layer's gradient in fp32
     assert p.unsharded == (2 * LAYER + 128_064) * 2 + LAYER * 4 == 553_088
-    assert p.ddp_buckets == p.autocast_cache == 0
+    assert p.ddp_buckets == p.weight_casts == 0  # fsdp2 computes on its unsharded bf16 copies: no autocast casts
     assert p.optimizer_step == TOTAL  # foreach AdamW: one buffer the size of the local shard
     ref = memory_plan(SMALL, small_inputs(reference=True))
     assert ref.reference == TOTAL
@@ -142,9 +142,144 @@ def test_fsdp2_divides_the_states_by_the_world_size():
 def test_ddp_holds_everything_on_every_gpu():
     p = memory_plan(SMALL, small_inputs(strategy="ddp", sharded=False, residual_bytes=4))
     assert (p.params, p.grads, p.ddp_buckets, p.optimizer) == (4 * TOTAL, 4 * TOTAL, 4 * TOTAL, 8 * TOTAL)
-    assert p.autocast_cache == 2 * TOTAL and p.unsharded == 0
+    assert p.unsharded == 0
     top = memory_plan(SMALL, small_inputs(strategy="ddp", sharded=False, residual_bytes=4, train_top_layers=1))
     assert (top.params, top.grads, top.optimizer) == (4 * TOTAL, 4 * (LAYER + 64), 8 * (LAYER + 64))
+
+
+# One SMALL layer's projection weights: q and o 2 x 64*64, k and v 2 x 64*32, gate/up/down 3 x 64*128 -> 36,864.
+SMALL_LINEARS = 36_864
+
+
+def test_weight_casts_are_the_saved_casts_of_the_recorded_layers_and_the_heads():
+    """bf16-mixed over fp32 weights, replicated: Lightning's autocast caches nothing; without checkpointing each
+    layer's bf16 casts are saved for its backward, with it only the recomputed layer's; the head's per chunk."""
+    replicated = dict(strategy="ddp", sharded=False, residual_bytes=4)
+    head = 1000 * 64 * 2
+    off = memory_plan(SMALL, small_inputs(**replicated))
+    assert off.weight_casts == 2 * SMALL_LINEARS * 2 + head == 275_456
+    on = memory_plan(SMALL, small_inputs(**replicated, gradient_checkpointing=True))
+    assert on.weight_casts == SMALL_LINEARS * 2 + head == 201_728
+    top = memory_plan(SMALL, small_inputs(**replicated, train_top_layers=1))
+    assert top.weight_casts == SMALL_LINEARS * 2 + head  # autograd records only the top layer
+    assert memory_plan(SMALL, small_inputs(**replicated, precision="32-true", compute_bytes=4)).weight_casts == 0
+    bf16 = small_inputs(**{**replicated, "residual_bytes": 2}, precision="bf16-true", param_bytes=2)
+    assert memory_plan(SMALL, bf16).weight_casts == 0
+    # LoRA rank 4 over a bf16 base: only the fp32 adapters are cast. Per layer r*(d_in + d_out): q 128, k 96, v 96,
+    # o 128, gate 192, up 192, down 192 -> 4 x 1,024 = 4,096; no head cast (the head is bf16).
+    lora = dataclasses.replace(bf16, precision="bf16-mixed", lora_rank=4)
+    assert memory_plan(SMALL, lora).weight_casts == 2 * 4_096 * 2
+    assert memory_plan(SMALL, dataclasses.replace(lora, gradient_checkpointing=True)).weight_casts == 4_096 * 2
+    # ... over an fp32 base: the frozen base's casts are saved too (the layers' inputs require grad), and the head's.
+    lora32 = dataclasses.replace(lora, param_bytes=4, residual_bytes=4)
+    assert memory_plan(SMALL, lora32).weight_casts == 2 * (SMALL_LINEARS + 4_096) * 2 + head
+
+
+def test_the_gpu_recipes_weight_casts_and_lora_state_by_hand():
+    # Qwen2.5-1.5B, fp32 under bf16-mixed, checkpointing on: one layer's projections, q and o 2 x 1536^2 = 4,718,592,
+    # k and v 2 x 1536*256 = 786,432, MLP 3 x 1536*8960 = 41,287,680 -> 46,792,704 x 2 bytes = 93,585,408; the tied
+    # head 151,936 x 1536 x 2 = 466,747,392.
+    full = plan_memory(compose_config("+exp=mempo_1gpu"))
+    assert full.weight_casts == 93_585_408 + 466_747_392
+    # Qwen2.5-7B + rank 32 on all seven projections of 28 layers: per layer 32 x (inputs 5 x 3584 + 3584 + 18944
+    # = 40,448, outputs 3584 + 512 + 512 + 3584 + 2 x 18944 + 3584 = 49,664) = 2,883,584 adapters, 80,740,352 in all.
+    lora = plan_memory(compose_config("+exp=mempo_1gpu_lora"))
+    assert lora.trainable == 28 * 2_883_584 == 80_740_352
+    assert lora.weight_casts == 2_883_584 * 2  # the recomputed layer's adapters in bf16; base and head are bf16
+    assert (lora.grads, lora.optimizer, lora.optimizer_step) == (4 * 80_740_352, 8 * 80_740_352, 4 * 80_740_352)
+
+
+def _saved_casts(model: torch.nn.Module, checkpointing: bool) -> dict[str, int]:
+    """Train-mode ``token_logprobs`` of 2 x 24 tokens under Lightning's bf16-mixed region on the CPU, as
+    ``MemPOModule._update`` runs under the trainer: {parameter name: bytes} of the bf16 copies of parameters that
+    autograd saved for backward in the forward (a new storage holding exactly the parameter cast to bf16)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from mempo.lm.logprobs import token_logprobs
+
+    params = {n: p for n, p in model.named_parameters() if p.dtype == torch.float32}
+    own = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, torch.UntypedStorage] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == torch.bfloat16 and t.untyped_storage().data_ptr() not in own:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage()
+        return t
+
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    with MixedPrecision("bf16-mixed", "cpu").forward_context():
+        assert not torch.is_autocast_cache_enabled()  # Lightning's region: autocast caches no cast weight
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp = token_logprobs(model, ids, torch.ones_like(ids))
+        logp.sum().backward()
+    found: dict[str, int] = {}
+    for storage in saved.values():
+        flat = torch.empty(0, dtype=torch.bfloat16).set_(storage)
+        for name, p in params.items():
+            if flat.numel() == p.numel() and torch.equal(flat, p.detach().to(torch.bfloat16).flatten()):
+                found[name] = storage.nbytes()
+    return found
+
+
+def _replicated_plan(shape: ModelShape, **changes: object) -> int:
+    """The plan's weight casts for ``shape`` on one device under bf16-mixed, less the head's (its chunks are
+    checkpointed: its cast lives only inside a chunk, which the hooks above do not see)."""
+    inputs = small_inputs(strategy="auto", sharded=False, world_size=1, residual_bytes=4, **changes)
+    head = shape.vocab_size * shape.hidden_size * 2 if inputs.param_bytes == 4 else 0
+    return memory_plan(shape, inputs).weight_casts - head
+
+
+def test_the_weight_casts_are_what_autograd_saves_under_lightnings_autocast(tiny_path):
+    """Measured on the tiny model: without checkpointing, every decoder projection's bf16 cast is saved for backward
+    (and nothing else cast from a parameter); with it the forward saves none (the recompute casts one layer at a
+    time). Summed from the tensors themselves, against the plan's term."""
+    model, _ = load_policy(tiny_path)
+    shape = model_shape(str(tiny_path))
+    found = _saved_casts(model, checkpointing=False)
+    projections = {n for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {n.removeprefix("model.layers.").removesuffix(".weight") for n in found} == projections
+    assert sum(found.values()) == _replicated_plan(shape) == 2 * 147_456 * 2  # 2 layers, 147,456 weights each
+    model, _ = load_policy(tiny_path)
+    assert _saved_casts(model, checkpointing=True) == {}
+
+
+def test_a_lora_policy_over_a_bf16_base_casts_only_its_adapters(tiny_path):
+    from mempo.lm.lora import LoRAConfig, apply_lora
+
+    base, _ = load_policy(tiny_path, dtype="bfloat16")
+    model = apply_lora(base, LoRAConfig(rank=4))
+    found = _saved_casts(model, checkpointing=False)
+    adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    # The first layer's q, k and v read the frozen embeddings' output, which needs no gradient: autograd keeps their
+    # lora_A's input for the weight's gradient but not the cast weight. The plan counts those three too.
+    first = {n for n in adapters if ".layers.0.self_attn." in n and ".lora_A." in n and n.split(".")[-4] != "o_proj"}
+    assert len(first) == 3 and set(found) == set(adapters) - first
+    plan = _replicated_plan(model_shape(str(tiny_path)), param_bytes=2, lora_rank=4)
+    assert sum(found.values()) + sum(2 * adapters[n].numel() for n in first) == plan
+    assert plan == 2 * sum(p.numel() for p in adapters.values())
+
+
+def test_adamw_holds_exactly_the_planned_gradients_and_moments(tiny_path):
+    """The foreach implementation (the one GPUs get) after a step of a LoRA policy: two fp32 moments per adapter,
+    host scalars for the step counts, and the gradients: the plan's grads + optimizer terms, byte for byte."""
+    from mempo.lm.lora import LoRAConfig, apply_lora
+
+    base, _ = load_policy(tiny_path, dtype="bfloat16")
+    model = apply_lora(base, LoRAConfig(rank=4))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-3, foreach=True)
+    for p in trainable:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    state = [t for s in opt.state.values() for t in s.values()]
+    moments = sum(t.nbytes for t in state if t.dim() > 0)
+    assert all(t.dim() == 0 and t.device.type == "cpu" for t in state if t.dim() == 0)
+    assert len([t for t in state if t.dim() == 0]) == len(trainable)
+    plan = memory_plan(model_shape(str(tiny_path)), small_inputs(param_bytes=2, lora_rank=4, sharded=False))
+    assert (sum(p.grad.nbytes for p in trainable), moments) == (plan.grads, plan.optimizer)
 
 
 def test_one_device_without_ddp_has_no_buckets():
