@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="pair the others against NAME (a label or a --mean name), not the first")  # fmt: skip
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=SEED:LABEL,...",
                     help="seed-level mode (mempo.eval.seeds): an arm NAME whose RL seed SEED is checkpoint LABEL; "
-                    "arms pair by seed and task, intervals over the per-seed differences")  # fmt: skip
+                    "arms pair by seed and task; the verdict reads the seed-plus-task t-interval")  # fmt: skip
     ap.add_argument("--reference", default=None, metavar="NAME",
                     help="with --arm: the arm the others are compared with (default: the first)")  # fmt: skip
     ap.add_argument("--warm-start", default=None, metavar="LABEL",

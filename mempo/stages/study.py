@@ -1,5 +1,5 @@
 """The ``study`` stage (``python experiments/run.py +exp=study``): an ablation study in one command, with RL seeds
-as the unit of evidence (``mempo.eval.seeds``; docs/reviews/rl-signal.md, D1-D3).
+as the unit of evidence (``mempo.eval.seeds``).
 
     warm start   study.warm_start, or trained here when null (the sft stage in <run_dir>/warm_start, reused when it
                  finished), as the demo's and the headline's
@@ -13,9 +13,10 @@ as the unit of evidence (``mempo.eval.seeds``; docs/reviews/rl-signal.md, D1-D3)
     memory scores every memory the evaluation's memory agents wrote, scored by P(gold | question, memory) under the
                  warm start, one fixed scorer for every arm (study.memory_scores; ``mempo.eval.memory_scores``)
     report       per arm its seeds' EM and F1; per comparison (every arm against study.reference, every arm against
-                 the warm start) the per-seed paired differences, the t-interval over them (df = K - 1), the
-                 two-level bootstrap beside it and the verdict; the same for the memory scores; per arm its turns
-                 per task and failure verdicts
+                 the warm start) the per-seed paired differences, the seed-plus-task t-interval the verdict reads
+                 (every seed on the same tasks: both variance sources, Satterthwaite df; ``mempo.eval.stats``), the
+                 crossed bootstrap beside it and the verdict; the same for the memory scores; per arm its turns per
+                 task and failure verdicts
 
 K (study.seeds) and the steps are the config's, fixed before the study runs. Outputs: <run_dir>/study.md (the
 tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), summary.json,

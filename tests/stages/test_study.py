@@ -182,8 +182,8 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
             r = c[m]
             assert r["seeds"] == [0, 1] and r["tasks"] == [2, 2] and len(r["per_seed"]) == 2
             assert r["mean"] == pytest.approx(sum(r["per_seed"]) / 2)
-            lo, hi = r["t_interval"]
-            assert lo <= r["mean"] <= hi and len(r["bootstrap"]) == 2
+            lo, hi = r["interval"]
+            assert lo <= r["mean"] <= hi and len(r["crossed_bootstrap"]) == 2 and r["df"] >= 1
             assert r["verdict"] in ("above 0", "below 0", "includes 0")
     assert "| mempo - ablation | 1 | EM |" in (run_dir / "study.md").read_text()
     assert set(got["behaviour"]) == {"warm_start", "ablation", "mempo"}
