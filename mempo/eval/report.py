@@ -445,12 +445,32 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--base: {e}") from None
 
 
+def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """The records of several evaluations' results.jsonl, concatenated; a ValueError naming the label and both folders
+    when a checkpoint label has records at one (agent, N) in two of them (two runs that share a label, e.g. the demo's
+    warm_start and rl, would merge into one by task id), or when a folder is given twice."""
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str, int], Path] = {}
+    for d in map(Path, eval_dirs):
+        own = read_records(d / "results.jsonl")
+        for key in dict.fromkeys((r["checkpoint"], r["agent"], r["objectives"]) for r in own):
+            if key in seen:
+                raise ValueError(
+                    f"checkpoint {key[0]!r} (agent={key[1]}, N={key[2]}) has records in both {seen[key]} and {d}: "
+                    "one label must be one evaluated checkpoint; evaluate the runs together, or give each its own "
+                    "label (eval.checkpoints)"
+                )
+            seen[key] = d
+        records += own
+    return records
+
+
 def seed_level(args: Any) -> None:
     """``--arm`` mode: the seed-level tables (``mempo.eval.seeds``) of the evaluations' results.jsonl."""
     if args.mean or args.base:
         raise SystemExit("--arm: --mean and --base are the tasks-only mode's; use --reference with --arm")
-    records = [rec for d in args.eval_dirs for rec in read_records(Path(d) / "results.jsonl")]
     try:
+        records = read_eval_records(args.eval_dirs)
         arms = dict(parse_arm(spec) for spec in args.arm)
         study = seed_study(records, arms, reference=args.reference, warm_start=args.warm_start)
     except ValueError as e:

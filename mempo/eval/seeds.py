@@ -101,15 +101,35 @@ def compare(
 
 
 def checkpoint_scores(records: Sequence[Mapping[str, Any]], label: str, *, agent: str, n: int, metric: str) -> dict:
-    """task_id -> ``metric`` of checkpoint ``label``'s records at (agent, N); a ValueError when it has none."""
-    out = {
-        r["task_id"]: float(r[metric])
-        for r in records
-        if r["checkpoint"] == label and r["agent"] == agent and r["objectives"] == n
-    }
+    """task_id -> ``metric`` of checkpoint ``label``'s records at (agent, N); a ValueError when it has none, or when a
+    task id appears twice (two evaluations of one label merged, or two tasks sharing an id): one would be dropped."""
+    out: dict[str, float] = {}
+    for r in records:
+        if r["checkpoint"] == label and r["agent"] == agent and r["objectives"] == n:
+            if r["task_id"] in out:
+                raise ValueError(
+                    f"checkpoint {label!r}: task {r['task_id']!r} has two records at agent={agent}, N={n}; one "
+                    "label must be one evaluated checkpoint scored once per task"
+                )
+            out[r["task_id"]] = float(r[metric])
     if not out:
         raise ValueError(f"checkpoint {label!r}: no records at agent={agent}, N={n} in the evaluations given")
     return out
+
+
+def check_labels(arms: Mapping[str, Mapping[int, str]], warm_start: str | None = None) -> None:
+    """A ValueError naming the label when one checkpoint label would stand for two runs: two seeds of an arm, two
+    arms, or an arm and the warm start (its pairs would compare a run with itself, or count one run as two seeds)."""
+    used: dict[str, str] = {} if warm_start is None else {warm_start: "the warm start"}
+    for arm, labels in arms.items():
+        for seed, label in sorted(labels.items()):
+            where = f"arm {arm!r} seed {seed}"
+            if label in used:
+                raise ValueError(
+                    f"checkpoint label {label!r} serves both {used[label]} and {where}; each seed of each arm must "
+                    "be its own evaluated checkpoint (its own label)"
+                )
+            used[label] = where
 
 
 def seed_study(
@@ -127,6 +147,7 @@ def seed_study(
     result per metric. -> the dict ``study.json`` holds."""
     if not arms:
         raise ValueError("seed_study: no arms")
+    check_labels(arms, warm_start)
     reference = next(iter(arms)) if reference is None else reference
     if reference not in arms:
         raise ValueError(f"reference arm {reference!r} is not among the arms {list(arms)}")

@@ -177,3 +177,41 @@ def test_turns_and_failures_per_arm_by_hand() -> None:
     assert got["a"]["2"]["verdicts"]["correct"] == 4 and got["a"]["2"]["verdicts"]["wrong_query"] == 4
     assert got["warm_start"]["2"]["turns"] == 6.0 and got["warm_start"]["2"]["verdicts"]["correct"] == 2
     assert "| a | 2 | 4.00, 4.00 | 4.000 | 4 | 0 | 4 |" in turns_and_failures_markdown(got)
+
+
+def _write_eval(folder: Path, labels: dict[str, list[float]]) -> Path:
+    folder.mkdir(parents=True)
+    recs = [r for label, ems in labels.items() for r in _records(label, ems)]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return folder
+
+
+def test_report_arm_refuses_two_eval_dirs_that_hold_the_same_label(tmp_path: Path) -> None:
+    """Two evaluations that both use the demo's labels warm_start and rl (one per RL seed): seed 0's rl is +0.25 over
+    the warm start, seed 1's -0.25. Merged by task id they would be one run counted twice ([-0.25, -0.25], a
+    zero-wide seed-only interval): refused, naming the label and both folders."""
+    a = _write_eval(tmp_path / "seed0", {"warm_start": [0, 0, 1, 1], "rl": [1, 0, 1, 1]})
+    b = _write_eval(tmp_path / "seed1", {"warm_start": [0, 0, 1, 1], "rl": [0, 0, 0, 1]})
+    with pytest.raises(SystemExit, match=rf"checkpoint 'warm_start'.*both {a}.* and {b}"):
+        main([str(a), str(b), "--arm", "rl=0:rl,1:rl", "--warm-start", "warm_start"])
+    # the same folder given twice is the same mistake
+    with pytest.raises(SystemExit, match=rf"checkpoint 'warm_start'.*both {a}.* and {a}"):
+        main([str(a), str(a), "--arm", "rl=0:rl", "--warm-start", "warm_start"])
+
+
+def test_a_label_serving_two_seeds_or_two_arms_is_refused(tmp_path: Path) -> None:
+    d = _write_eval(tmp_path / "ev", {"warm_start": [0, 0, 1, 1], "rl": [1, 0, 1, 1], "rl2": [0, 0, 0, 1]})
+    with pytest.raises(SystemExit, match="label 'rl' serves both arm 'rl' seed 0 and arm 'rl' seed 1"):
+        main([str(d), "--arm", "rl=0:rl,1:rl", "--warm-start", "warm_start"])
+    with pytest.raises(SystemExit, match="label 'rl2' serves both arm 'a' seed 1 and arm 'b' seed 1"):
+        main([str(d), "--arm", "a=0:rl,1:rl2", "--arm", "b=1:rl2"])
+    with pytest.raises(SystemExit, match="label 'warm_start' serves both the warm start and arm 'a' seed 0"):
+        main([str(d), "--arm", "a=0:warm_start,1:rl", "--warm-start", "warm_start"])
+
+
+def test_a_task_id_repeated_for_one_label_is_refused() -> None:
+    """Records that repeat a task id for one label (two tasks sharing an id, or two evaluations merged) would keep
+    one of them silently."""
+    recs = _records("x", [1, 0]) + _records("x", [0])
+    with pytest.raises(ValueError, match="checkpoint 'x': task 't0' has two records at agent=memory, N=2"):
+        seed_study(recs, {"x": {0: "x"}})
