@@ -86,9 +86,12 @@ def reuses(cfg: DictConfig, step: Step, run_dir: Path) -> bool:
 IGNORED_CHANGES = ("run_dir", "resume", "overwrite", "verbose", "sweep")  # where or how, not what a phase trained
 
 
-def config_changes(saved: Path, cfg: DictConfig, *, limit: int = 4) -> list[str]:
-    """``key (old -> new)`` for each key whose value in a phase's saved ``config.yaml`` differs from ``cfg``'s
-    (not the keys of ``IGNORED_CHANGES``): what a reused phase was trained with that this run would change."""
+def config_changes(
+    saved: Path, cfg: DictConfig, *, limit: int | None = 4, ignored: Sequence[str] = IGNORED_CHANGES
+) -> list[str]:
+    """``key (old -> new)`` for each key whose value in a phase's saved config (``config.yaml``, or a study's
+    ``study_run.yaml``) differs from ``cfg``'s, less the keys under ``ignored`` (dotted prefixes: a group, or one
+    key): what a reused phase was trained with that this run would change. At most ``limit`` (None: all)."""
     if not saved.is_file():
         return []
 
@@ -97,10 +100,15 @@ def config_changes(saved: Path, cfg: DictConfig, *, limit: int = 4) -> list[str]
             return {prefix[:-1]: d}
         return {k: v for key, sub in d.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
 
+    def skip(key: str) -> bool:
+        return any(key == p or key.startswith(p + ".") for p in ignored)
+
     old, new = flat(OmegaConf.to_container(OmegaConf.load(saved))), flat(OmegaConf.to_container(cfg))
-    keys = [k for k in dict.fromkeys([*new, *old]) if k.split(".")[0] not in IGNORED_CHANGES]
+    keys = [k for k in dict.fromkeys([*new, *old]) if not skip(k)]
     changed = [f"{k} ({old.get(k, '(unset)')} -> {new.get(k, '(unset)')})" for k in keys if old.get(k) != new.get(k)]
-    return changed[:limit] + ([f"{len(changed) - limit} more"] if len(changed) > limit else [])
+    if limit is None or len(changed) <= limit:
+        return changed
+    return changed[:limit] + [f"{len(changed) - limit} more"]
 
 
 def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:

@@ -48,7 +48,17 @@ from mempo.stages.builders import build_builder, group, run_path
 from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import finished, held_outputs, run_record
-from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.steps import (
+    DEMO_RATES,
+    IGNORED_CHANGES,
+    Step,
+    command_line_keys,
+    config_changes,
+    folders_arg,
+    run_steps,
+    stage,
+    with_overrides,
+)
 
 RUN_PY = CONFIG_DIR.parent / "run.py"  # the experiments/run.py of the code that is running (not an installed copy)
 REPO_ROOT = CONFIG_DIR.parents[1]
@@ -167,14 +177,34 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     )
 
 
-def launch(sub: DictConfig) -> None:
-    """Run one arm-seed as its own ``experiments/run.py`` process in ``sub.run_dir``: its full config written to
-    <run_dir>/study_run.yaml and given to Hydra as the primary config, so it runs exactly this config, with this
-    code (PYTHONPATH: the running code's repository first). Raises naming the folder when it fails."""
+RUN_CONFIG = "study_run.yaml"
+# Keys an arm-seed's training does not read, skipped when a finished run's saved config is compared before reuse:
+# where and how it runs (``IGNORED_CHANGES``), the study's own group (its effect on a run is in the run's own keys:
+# model.name_or_path, the arm's delta; more seeds leave the others' runs as they are), other stages' groups, the
+# logger, and the evaluation's keys but eval.every_n_steps (a study run does no in-training validation).
+REUSE_IGNORED_GROUPS = ("study", "headline", "demo", "plan", "logger")
+
+
+def reuse_ignored(cfg: DictConfig) -> tuple[str, ...]:
+    """The dotted prefixes ``config_changes`` skips when a study compares a finished run's saved config."""
+    return (*IGNORED_CHANGES, *REUSE_IGNORED_GROUPS, *(f"eval.{k}" for k in cfg.eval if k != "every_n_steps"))
+
+
+def write_run_config(sub: DictConfig) -> Path:
+    """<run_dir>/study_run.yaml: an arm-seed's full config (less ``sweep``: run.py records its own), what its process
+    runs and what a later study compares before reusing the run (``reuse_changes``)."""
     folder = Path(sub.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    plain = {k: v for k, v in OmegaConf.to_container(sub).items() if k != "sweep"}  # run.py records its own
-    atomic_write_text(folder / "study_run.yaml", OmegaConf.to_yaml(plain))
+    plain = {k: v for k, v in OmegaConf.to_container(sub).items() if k != "sweep"}
+    atomic_write_text(folder / RUN_CONFIG, OmegaConf.to_yaml(plain))
+    return folder / RUN_CONFIG
+
+
+def launch(sub: DictConfig) -> None:
+    """Run one arm-seed as its own ``experiments/run.py`` process in ``sub.run_dir``: its full config written to
+    <run_dir>/study_run.yaml (``write_run_config``) and given to Hydra as the primary config, so it runs exactly this
+    config, with this code (PYTHONPATH: the running code's repository first). Raises naming the folder when it fails."""
+    folder = write_run_config(sub).parent
     cmd = [sys.executable, str(RUN_PY), f"--config-dir={folder.resolve()}", "--config-name=study_run",
            f"hydra.run.dir={folder}"]  # fmt: skip
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -186,12 +216,35 @@ def launch(sub: DictConfig) -> None:
         )
 
 
+def reuse_changes(cfg: DictConfig, sub: DictConfig) -> list[str]:
+    """What a finished arm-seed in ``sub.run_dir`` was trained with that ``sub`` would change (``config_changes`` of
+    its study_run.yaml, or the run's own config.yaml when a study did not train it, less ``reuse_ignored``): empty
+    when it can be reused. A ValueError when the folder holds neither (nothing tells what it was trained with)."""
+    folder = Path(sub.run_dir)
+    saved = next((f for f in (folder / RUN_CONFIG, folder / "config.yaml") if f.is_file()), None)
+    if saved is None:
+        raise ValueError(
+            f"study: {folder} holds a finished run but neither {RUN_CONFIG} nor config.yaml, so its config cannot be "
+            "compared with this study's; overwrite=true trains every arm-seed again, or give the study a new run_dir"
+        )
+    return config_changes(saved, sub, limit=None, ignored=reuse_ignored(cfg))
+
+
 def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
-    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A folder with a checkpoint is
-    continued (resume=true); one with outputs but no checkpoint is started again (overwrite=true)."""
+    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A finished run is reused only when
+    its saved config is the one it would train now (``reuse_changes``); otherwise a ValueError naming the keys that
+    differ. A folder with a checkpoint is continued (resume=true); one with outputs but no checkpoint is started again
+    (overwrite=true)."""
     folder = Path(sub.run_dir)
     if finished(folder) and not cfg.overwrite:
-        say(f"[mempo] {label}: reusing {folder}, finished earlier (overwrite=true trains it again)")
+        changes = reuse_changes(cfg, sub)
+        if changes:
+            raise ValueError(
+                f"study: {label}: {folder} holds a run trained with another config than this study's; it differs "
+                f"in {'; '.join(changes)}. overwrite=true trains every arm-seed again, or give the study a new run_dir"
+            )
+        say(f"[mempo] {label}: reusing {folder}, finished earlier with the same config (overwrite=true trains it "
+            "again)")  # fmt: skip
         return "reused"
     held = held_outputs(folder)
     ckpt = folder / "checkpoints" / "last.ckpt"
