@@ -120,9 +120,24 @@ def score_study(
     per comparison (every other arm against ``reference``, every arm against ``warm_start``) ``compare``'s result
     over the tasks both sides wrote memories for at every seed (per-seed differences, the seed-plus-task t-interval
     the verdict reads, the crossed bootstrap)."""
-    means = task_means(items, p)
-    ns = sorted({it.objectives for it in items})
-    out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": len(items), "arms": {}, "warm_start": None}
+    return score_means(
+        task_means(items, p), arms, memories=len(items), reference=reference, warm_start=warm_start, level=level
+    )
+
+
+def score_means(
+    means: Mapping[tuple[str, int], Mapping[str, float]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    memories: int | None,
+    reference: str,
+    warm_start: str | None = None,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """``score_study`` from the per-task means (``task_means``: (checkpoint, N) -> task -> mean P), e.g. read back
+    from a study's per_task.csv; ``memories``: how many memories they average (None when unknown)."""
+    ns = sorted({n for _, n in means})
+    out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": memories, "arms": {}, "warm_start": None}
     for arm, labels in arms.items():
         out["arms"][arm] = {"seeds": sorted(labels), "by_n": {str(n): _per_seed(means, labels, n) for n in ns}}
     pairs = [(arm, reference) for arm in arms if arm != reference]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
-from mempo.eval.seeds import parse_arm, seed_study, study_markdown
+from mempo.eval.memory_scores import score_markdown, score_means
+from mempo.eval.seeds import parse_arm, seed_study, study_from_per_task, study_markdown
 from mempo.eval.tables import markdown_table, pyplot, save_figure
 
 TABLE_COLUMNS = [
@@ -404,11 +405,15 @@ def mean_checkpoint(
 def main(argv: list[str] | None = None) -> None:
     """``python -m mempo.eval.report EVAL_DIR [EVAL_DIR ...]``: one interval table over several evaluations of the
     same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint; with ``--arm``
-    the seed-level tables instead (arms of checkpoints, one per RL seed; ``mempo.eval.seeds``)."""
+    the seed-level tables instead (arms of checkpoints, one per RL seed; ``mempo.eval.seeds``); ``--per-task CSV``:
+    a study's seed-level tables recomputed from its committed per_task.csv."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("eval_dirs", nargs="+", type=Path)
+    ap.add_argument("eval_dirs", nargs="*", type=Path)
+    ap.add_argument("--per-task", default=None, type=Path, metavar="CSV",
+                    help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed, with "
+                    "--reference as the study's (default: the first arm)")  # fmt: skip
     ap.add_argument("--mean", action="append", default=[], metavar="NAME=A,B",
                     help="add a checkpoint NAME whose per-task values are the means of checkpoints A, B, ... "
                     "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
@@ -423,6 +428,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --arm: a checkpoint every arm is also compared with, paired by task")  # fmt: skip
     ap.add_argument("--json", default=None, type=Path, metavar="PATH", help="with --arm: also write the report")
     args = ap.parse_args(argv)
+    if args.per_task is not None:
+        if args.eval_dirs or args.arm or args.mean or args.base or args.warm_start:
+            raise SystemExit("--per-task: the CSV holds the whole study; give no EVAL_DIR, --arm, --mean, --base or "
+                             "--warm-start with it")  # fmt: skip
+        print(per_task_report(args.per_task, reference=args.reference, json_path=args.json))
+        return
+    if not args.eval_dirs:
+        raise SystemExit("give at least one EVAL_DIR (or --per-task CSV)")
     if args.arm:
         seed_level(args)
         return
@@ -463,6 +476,27 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
             seen[key] = d
         records += own
     return records
+
+
+def per_task_report(path: Path, *, reference: str | None = None, json_path: Path | None = None) -> str:
+    """A study's seed-level tables recomputed from its per_task.csv (``mempo.eval.seeds.study_from_per_task``): the
+    EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``). With
+    ``json_path`` the report is also written there ({"study", "memory_scores"})."""
+    with Path(path).open(newline="") as f:
+        try:
+            records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
+            study = seed_study(records, arms, reference=reference, warm_start=warm)
+        except ValueError as e:
+            raise SystemExit(f"--per-task {path}: {e}") from None
+    out, report = [study_markdown(study)], {"study": study, "memory_scores": None}
+    if means:
+        scores = score_means(means, arms, memories=None, reference=study["reference"], warm_start=warm)
+        report["memory_scores"] = scores
+        out += ["", "Memory scores (each task's mean P(gold | question, memory) under the study's scorer):", "",
+                score_markdown(scores)]  # fmt: skip
+    if json_path:
+        atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
+    return "\n".join(out)
 
 
 def seed_level(args: Any) -> None:

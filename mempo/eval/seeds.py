@@ -189,6 +189,69 @@ def seed_study(
     return out
 
 
+# A study's per-task results, one row per (arm, seed, N, task) of its agent and one per (N, task) of the warm start
+# (arm "warm_start", seed empty): enough to recompute every comparison (``study_from_per_task``). memory_score: the
+# task's mean P(gold | question, memory) under the study's fixed scorer, empty where its rollout wrote no memory.
+PER_TASK_COLUMNS = ["arm", "seed", "N", "task", "em", "f1", "memory_score"]
+WARM_START_ARM = "warm_start"
+
+
+def per_task_rows(
+    records: Sequence[Mapping[str, Any]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    warm_start: str | None = None,
+    memory_means: Mapping[tuple[str, int], Mapping[str, float]] | None = None,
+    agent: str = "memory",
+) -> list[dict[str, Any]]:
+    """The rows of per_task.csv (``PER_TASK_COLUMNS``) of ``records`` (results.jsonl's) for ``arms`` (arm -> seed ->
+    checkpoint label) and the ``warm_start`` label; ``memory_means``: (label, N) -> task -> mean P (the memory
+    scores' ``task_means``), None when the study scored none. The warm start first, then arm, seed, N, task order."""
+    check_labels(arms, warm_start)
+    who = {} if warm_start is None else {warm_start: (WARM_START_ARM, "")}
+    who |= {label: (arm, str(seed)) for arm, labels in arms.items() for seed, label in sorted(labels.items())}
+    order = {label: i for i, label in enumerate(who)}
+    kept = sorted((r for r in records if r["agent"] == agent and r["checkpoint"] in who),
+                  key=lambda r: (order[r["checkpoint"]], r["objectives"], r["task_id"]))  # fmt: skip
+    rows = []
+    for r in kept:
+        arm, seed = who[r["checkpoint"]]
+        p = (memory_means or {}).get((r["checkpoint"], r["objectives"]), {}).get(r["task_id"])
+        rows.append({"arm": arm, "seed": seed, "N": r["objectives"], "task": r["task_id"], "em": float(r["em"]),
+                     "f1": float(r["f1"]), "memory_score": "" if p is None else p})  # fmt: skip
+    return rows
+
+
+def study_from_per_task(
+    rows: Sequence[Mapping[str, str]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, str]], str | None, dict[tuple[str, int], dict[str, float]]]:
+    """per_task.csv's rows (as ``csv.DictReader`` gives them) -> (records, arms, warm start label, memory means):
+    what ``seed_study`` and ``mempo.eval.memory_scores.score_means`` take, the labels "<arm>_s<seed>" and
+    "warm_start" (the study's). A ValueError naming the line (2 = the first row) of a malformed row."""
+    records: list[dict[str, Any]] = []
+    arms: dict[str, dict[int, str]] = {}
+    warm: str | None = None
+    means: dict[tuple[str, int], dict[str, float]] = {}
+    for line, r in enumerate(rows, start=2):
+        missing = [c for c in PER_TASK_COLUMNS if c not in r or r[c] is None]
+        try:
+            if missing:
+                raise ValueError(f"no {', '.join(missing)}")
+            n, em, f1 = int(r["N"]), float(r["em"]), float(r["f1"])
+            if r["arm"] == WARM_START_ARM and r["seed"] == "":
+                label = warm = WARM_START_ARM
+            else:
+                label = f"{r['arm']}_s{int(r['seed'])}"
+                arms.setdefault(r["arm"], {})[int(r["seed"])] = label
+            if r["memory_score"] != "":
+                means.setdefault((label, n), {})[r["task"]] = float(r["memory_score"])
+        except ValueError as e:
+            raise ValueError(f"per_task.csv line {line}: {e}") from None
+        records.append({"checkpoint": label, "agent": "memory", "objectives": n, "task_id": r["task"], "em": em,
+                        "f1": f1})  # fmt: skip
+    return records, arms, warm, means
+
+
 def _nums(xs: Sequence[float], digits: int = 3) -> str:
     return ", ".join(f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}" for x in xs)
 

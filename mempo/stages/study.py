@@ -5,7 +5,8 @@ as the unit of evidence (``mempo.eval.seeds``).
                  finished), as the demo's and the headline's
     arms x seeds each arm (study.arms: a config delta on top of study.recipe) at each seed of study.seeds, for
                  trainer.max_steps RL steps from the warm start without in-training validation: each its own
-                 ``experiments/run.py`` process in <run_dir>/<arm>/seed<k> (a finished run is reused, a killed one
+                 ``experiments/run.py`` process in <run_dir>/<arm>/seed<k> (a finished run is reused when its saved
+                 study_run.yaml is the config it would train now, else refused naming the keys; a killed one
                  continued with resume=true from its checkpoint)
     evaluation   the warm start and every final checkpoint in one evaluation on the same held-out tasks
                  (eval.num_tasks x eval.objectives; exp/study.yaml: 128 two-question tasks, a float32 engine)
@@ -19,7 +20,9 @@ as the unit of evidence (``mempo.eval.seeds``).
                  task and failure verdicts
 
 K (study.seeds) and the steps are the config's, fixed before the study runs. Outputs: <run_dir>/study.md (the
-tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), summary.json,
+tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), per_task.csv
+(arm, seed, N, task, EM, F1, memory score: every comparison recomputes from it, ``python -m mempo.eval.report
+--per-task``; commit it with study.md and study.json under docs/studies/<name>/), summary.json,
 memory_scores.csv/.png, eval/ (the evaluation's full report), and each arm-seed's run folder.
 """
 
@@ -39,9 +42,16 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
 from mempo.core.hardware import cpu_kind
-from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study
+from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study, task_means
 from mempo.eval.report import read_records
-from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, turns_and_failures_markdown
+from mempo.eval.seeds import (
+    PER_TASK_COLUMNS,
+    per_task_rows,
+    seed_study,
+    study_markdown,
+    turns_and_failures,
+    turns_and_failures_markdown,
+)
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.stages.builders import build_builder, group, run_path
@@ -344,11 +354,13 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
     phases["eval_s"] = time.perf_counter() - t
     scores, files = None, {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
+    means = None
     if cfg.study.memory_scores:
         t = time.perf_counter()
         items = memory_items(records)
         say(f"[mempo] study: scoring {len(items)} memories by P(gold | question, memory) under the warm start")
         p, dtype = score_memories(cfg, items)
+        means = task_means(items, p)
         scores = score_study(items, p, arms, reference=cfg.study.reference, warm_start="warm_start")
         scores |= {"scorer": str(warm_start_folder(cfg)), "dtype": dtype}
         rows = [{"checkpoint": it.checkpoint, "objectives": it.objectives, "task_id": it.task_id, "turn": it.turn,
@@ -357,6 +369,8 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         files["memory_scores_png"] = plot_scores(items, p, {"warm_start": {0: "warm_start"}, **arms},
                                                  out / "memory_scores.png")  # fmt: skip
         phases["memory_scores_s"] = time.perf_counter() - t
+    rows = per_task_rows(records, arms, warm_start="warm_start", memory_means=means)
+    files["per_task_csv"] = write_csv(out / "per_task.csv", rows, PER_TASK_COLUMNS)
     phases["total_s"] = time.perf_counter() - start
     design = {
         "seeds": list(cfg.study.seeds),

@@ -4,12 +4,14 @@ by hand (tests/eval/test_crossed_interval.py checks the crossed-design intervals
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from mempo.core.base import write_csv
 from mempo.eval.report import MEAN_FIELDS, interval_table, main, mean_checkpoint
 from mempo.eval.seeds import compare, paired_differences, parse_arm, seed_study, study_markdown
 from mempo.eval.stats import t_interval, t_quantile, verdict
@@ -215,3 +217,47 @@ def test_a_task_id_repeated_for_one_label_is_refused() -> None:
     recs = _records("x", [1, 0]) + _records("x", [0])
     with pytest.raises(ValueError, match="checkpoint 'x': task 't0' has two records at agent=memory, N=2"):
         seed_study(recs, {"x": {0: "x"}})
+
+
+def test_per_task_rows_recompute_the_study(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """per_task.csv's rows (what the study commits) give back the same comparisons as the records they came from,
+    memory scores included; through the CLI (``--per-task``) the same table as ``--arm`` on the evaluation."""
+    from mempo.eval.memory_scores import score_means
+    from mempo.eval.seeds import PER_TASK_COLUMNS, per_task_rows, study_from_per_task
+
+    recs = _study_records()
+    arms = {a: {s: f"{a}_s{s}" for s in SEED_DIFFS} for a in ("ablation", "mempo")}
+    # memory scores on t0-t2 of every checkpoint: mempo's seed s at 0.3 + s / 100, the ablation's 0.2, warm 0.1
+    means = {(f"{a}_s{s}", 2): dict.fromkeys(("t0", "t1", "t2"), 0.3 + s / 100 if a == "mempo" else 0.2)
+             for a in arms for s in SEED_DIFFS} | {("warm", 2): dict.fromkeys(("t0", "t1", "t2"), 0.1)}  # fmt: skip
+    rows = per_task_rows(recs, arms, warm_start="warm", memory_means=means)
+    assert len(rows) == 7 * 40 and list(rows[0]) == PER_TASK_COLUMNS
+    assert rows[0] == {"arm": "warm_start", "seed": "", "N": 2, "task": "t0", "em": 0.0, "f1": 0.0,
+                       "memory_score": 0.1}  # fmt: skip
+    # sorted by task id, t9 is the last of t0..t39: the ablation's seed 0 scores 0 there and wrote no scored memory
+    assert rows[40 + 39] == {"arm": "ablation", "seed": "0", "N": 2, "task": "t9", "em": 0.0, "f1": 0.0,
+                             "memory_score": ""}  # fmt: skip
+    csv_path = tmp_path / "per_task.csv"
+    write_csv(csv_path, rows, PER_TASK_COLUMNS)
+    with csv_path.open(newline="") as f:
+        back, back_arms, warm, back_means = study_from_per_task(list(csv.DictReader(f)))
+    assert back_arms == arms and warm == "warm_start"
+    want = seed_study(recs, arms, warm_start="warm")["comparisons"]
+    got = seed_study(back, back_arms, warm_start=warm)["comparisons"]
+    assert [c["em"]["interval"] for c in got] == [c["em"]["interval"] for c in want]
+    assert [c["em"]["verdict"] for c in got] == [c["em"]["verdict"] for c in want]
+    scores = score_means(back_means, back_arms, memories=None, reference="ablation", warm_start=warm)
+    mempo_vs_ablation = scores["comparisons"][0]["p_gold"]  # 0.1 + s / 100 at seeds 0, 1, 2 on the same 3 tasks
+    assert mempo_vs_ablation["per_seed"] == pytest.approx([0.10, 0.11, 0.12])
+    # the CLI: the same EM table as --arm on the evaluation itself
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    main([str(tmp_path), *[f"--arm={a}=" + ",".join(f"{s}:{a}_s{s}" for s in SEED_DIFFS) for a in arms]])
+    from_eval = capsys.readouterr().out
+    main(["--per-task", str(csv_path)])
+    from_csv = capsys.readouterr().out
+    line = "| mempo - ablation | 2 | EM | 0.250, 0.100, -0.050 | 0.100 | [-0.213, 0.413] | 2.8 |"
+    assert line in from_eval and line in from_csv and "P_GOLD" in from_csv
+    bad = [dict(r) for r in rows[:2]]
+    bad[1]["N"] = "two"
+    with pytest.raises(ValueError, match="per_task.csv line 3: invalid literal"):
+        study_from_per_task([{k: str(v) for k, v in r.items()} for r in bad])

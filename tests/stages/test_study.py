@@ -248,6 +248,40 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
     assert "Memories scored by P(gold | question, memory) under the warm start" in (run_dir / "study.md").read_text()
 
 
+def test_the_tiny_study_commits_its_per_task_results(tiny_study) -> None:
+    """per_task.csv: one row per checkpoint (the warm start, 2 arms x 2 seeds) x N (1, 2) x task (2), and every
+    comparison of study.json recomputes from it (``python -m mempo.eval.report --per-task``)."""
+    import csv
+
+    from mempo.eval.report import per_task_report
+
+    run_dir, _ = tiny_study
+    with (run_dir / "per_task.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5 * 2 * 2 and list(rows[0]) == ["arm", "seed", "N", "task", "em", "f1", "memory_score"]
+    assert {(r["arm"], r["seed"]) for r in rows} == {("warm_start", "")} | {
+        (a, s) for a in ("ablation", "mempo") for s in ("0", "1")
+    }
+    got = json.loads((run_dir / "study.json").read_text())
+    per_task_report(run_dir / "per_task.csv", reference="ablation", json_path=run_dir / "recomputed.json")
+    again = json.loads((run_dir / "recomputed.json").read_text())
+    for was, now in zip(got["comparisons"], again["study"]["comparisons"], strict=True):
+        for m in ("em", "f1"):
+            assert (now[m]["per_seed"], now[m]["interval"], now[m]["verdict"]) == (
+                was[m]["per_seed"], was[m]["interval"], was[m]["verdict"])  # fmt: skip
+    # a memory score on every (checkpoint, N, task) whose memory agent wrote a scored memory, counted here
+    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    written = {(r["checkpoint"], r["objectives"], r["task_id"]) for r in records
+               if r["agent"] == "memory" and any(t["ok"] and t["memory"] for t in r["trace"])}  # fmt: skip
+    assert sum(r["memory_score"] != "" for r in rows) == len(written)
+    if not written:  # the tiny model may write none: nothing to recompute
+        assert again["memory_scores"] is None
+        return
+    for was, now in zip(got["memory_scores"]["comparisons"], again["memory_scores"]["comparisons"], strict=True):
+        assert now["p_gold"]["verdict"] == was["p_gold"]["verdict"]
+        assert now["p_gold"].get("interval") == was["p_gold"].get("interval")
+
+
 def test_a_rerun_with_another_arm_delta_refuses_the_finished_runs(tiny_study) -> None:
     """The same study run again into its folder with the MemPO arm's lr changed: the ablation's runs are reused
     (their config is unchanged), MemPO's first is refused before anything trains or evaluates, naming the key."""
