@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
@@ -55,15 +55,16 @@ from mempo.eval.seeds import (
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.stages.builders import build_builder, group, run_path
-from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
+from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision, schema
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import finished, held_outputs, run_record
 from mempo.stages.steps import (
     DEMO_RATES,
     IGNORED_CHANGES,
+    UNSET,
     Step,
     command_line_keys,
-    config_changes,
+    config_diff,
     folders_arg,
     run_steps,
     stage,
@@ -196,7 +197,7 @@ REUSE_IGNORED_GROUPS = ("study", "headline", "demo", "plan", "logger")
 
 
 def reuse_ignored(cfg: DictConfig) -> tuple[str, ...]:
-    """The dotted prefixes ``config_changes`` skips when a study compares a finished run's saved config."""
+    """The dotted prefixes ``config_diff`` skips when a study compares a finished run's saved config."""
     return (*IGNORED_CHANGES, *REUSE_IGNORED_GROUPS, *(f"eval.{k}" for k in cfg.eval if k != "every_n_steps"))
 
 
@@ -226,10 +227,12 @@ def launch(sub: DictConfig) -> None:
         )
 
 
-def reuse_changes(cfg: DictConfig, sub: DictConfig) -> list[str]:
-    """What a finished arm-seed in ``sub.run_dir`` was trained with that ``sub`` would change (``config_changes`` of
-    its study_run.yaml, or the run's own config.yaml when a study did not train it, less ``reuse_ignored``): empty
-    when it can be reused. A ValueError when the folder holds neither (nothing tells what it was trained with)."""
+def reuse_changes(cfg: DictConfig, sub: DictConfig) -> tuple[list[str], list[str]]:
+    """What a finished arm-seed in ``sub.run_dir`` was trained with that ``sub`` would change -> (changes, notes):
+    ``config_diff`` of its study_run.yaml (or the run's own config.yaml when a study did not train it), less
+    ``reuse_ignored``. A change refuses the reuse. A note does not: a key the run's config lacks that ``sub`` holds at
+    its schema default (added to the code since the run trained, as it behaved before), or a key only the run's config
+    holds (the code no longer has it). A ValueError when the folder holds neither file."""
     folder = Path(sub.run_dir)
     saved = next((f for f in (folder / RUN_CONFIG, folder / "config.yaml") if f.is_file()), None)
     if saved is None:
@@ -237,7 +240,21 @@ def reuse_changes(cfg: DictConfig, sub: DictConfig) -> list[str]:
             f"study: {folder} holds a finished run but neither {RUN_CONFIG} nor config.yaml, so its config cannot be "
             "compared with this study's; overwrite=true trains every arm-seed again, or give the study a new run_dir"
         )
-    return config_changes(saved, sub, limit=None, ignored=reuse_ignored(cfg))
+    defaults = schema()
+
+    def default(key: str) -> Any:
+        v = OmegaConf.select(defaults, key, default=UNSET)
+        return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+
+    changes, notes = [], []
+    for key, old, new in config_diff(saved, sub, ignored=reuse_ignored(cfg)):
+        if old == UNSET and new == default(key):
+            notes.append(f"{key} (added since, at its default {new})")
+        elif new == UNSET:
+            notes.append(f"{key} (no longer a key; it was {old})")
+        else:
+            changes.append(f"{key} ({old} -> {new})")
+    return changes, notes
 
 
 def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
@@ -247,14 +264,15 @@ def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
     (overwrite=true)."""
     folder = Path(sub.run_dir)
     if finished(folder) and not cfg.overwrite:
-        changes = reuse_changes(cfg, sub)
+        changes, notes = reuse_changes(cfg, sub)
         if changes:
             raise ValueError(
                 f"study: {label}: {folder} holds a run trained with another config than this study's; it differs "
                 f"in {'; '.join(changes)}. overwrite=true trains every arm-seed again, or give the study a new run_dir"
             )
-        say(f"[mempo] {label}: reusing {folder}, finished earlier with the same config (overwrite=true trains it "
-            "again)")  # fmt: skip
+        also = f"; {'; '.join(notes)}" if notes else ""
+        say(f"[mempo] {label}: reusing {folder}, finished earlier with the same config{also} (overwrite=true trains "
+            "it again)")  # fmt: skip
         return "reused"
     held = held_outputs(folder)
     ckpt = folder / "checkpoints" / "last.ckpt"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import mempo.stages.study as study_stage
 from mempo.stages import run_stage
@@ -160,6 +161,37 @@ def test_a_finished_run_is_reused_only_when_its_saved_config_is_the_one_it_would
         with pytest.raises(ValueError, match=rf"{folder}.*{change}.*overwrite=true.*run_dir"):
             run_arm_seed(*arm_seed(*extra), "mempo seed 0")
     assert run_arm_seed(*arm_seed("trainer.max_steps=3", "overwrite=true"), "mempo seed 0") == "trained"
+
+
+def test_keys_added_to_the_code_since_a_run_trained_refuse_it_only_off_their_default(tmp_path, monkeypatch) -> None:
+    """A run trained by older code: its study_run.yaml lacks keys the config has now. One the run would train with at
+    its schema default (config.py: optim.skip_no_signal=true, loss.kl_coef=0.001 by default) is how the old code
+    behaved: reused, said so. One set off its default (this recipe's loss.kl_coef=0) is a change: refused. A key
+    the code no longer has does not refuse it either."""
+    cfg = compose_config("+exp=study", "+debug=default", f"run_dir={tmp_path}")
+    sub = arm_seed_configs(cfg)[("mempo", 0)]
+    assert (sub.optim.skip_no_signal, sub.loss.kl_coef) == (True, 0.0)
+    saved = study_stage.write_run_config(sub)
+    (saved.parent / "hf").mkdir()
+    (saved.parent / "hf" / "config.json").write_text("{}")
+
+    def older(drop: str) -> None:
+        plain = yaml.safe_load(saved.read_text())
+        group, key = drop.split(".")
+        del plain[group][key]
+        plain["optim"]["a_removed_option"] = 3
+        saved.write_text(yaml.safe_dump(plain))
+
+    older("optim.skip_no_signal")
+    messages = []
+    monkeypatch.setattr(study_stage, "say", messages.append)
+    assert run_arm_seed(cfg, sub, "mempo seed 0") == "reused"
+    assert "optim.skip_no_signal (added since, at its default True)" in messages[-1]
+    assert "optim.a_removed_option (no longer a key; it was 3)" in messages[-1]
+    study_stage.write_run_config(sub)
+    older("loss.kl_coef")
+    with pytest.raises(ValueError, match=r"loss\.kl_coef \(\(unset\) -> 0\.0\)"):
+        run_arm_seed(cfg, sub, "mempo seed 0")
 
 
 def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path, monkeypatch) -> None:
