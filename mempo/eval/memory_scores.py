@@ -6,7 +6,8 @@ one scorer leaves only the memories.
     memory_items    an evaluation's records (results.jsonl) -> one item per well-formed turn that wrote a memory
     task_means      scored items -> (checkpoint, N) -> task_id -> mean P over that task's memories
     score_study     per arm the per-seed means; per comparison (every arm against the reference arm and against the
-                    warm start) ``mempo.eval.seeds.compare`` over the tasks both sides wrote memories for
+                    warm start) ``mempo.eval.seeds.compare`` over the tasks both sides wrote memories for at every
+                    seed
     score_markdown  its tables; ``plot_scores``: per arm the distribution of P (seeds pooled), the paper's figure
 
 The scoring itself (loading the scorer) is the study stage's (``mempo.stages.study``).
@@ -88,14 +89,18 @@ def _per_seed(means: Mapping[tuple[str, int], Mapping[str, float]], labels: Mapp
 def _compare_on_common_tasks(
     a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]], names: tuple[str, str], level: float
 ) -> dict[str, Any]:
-    """``compare`` restricted, seed by seed, to the tasks where both sides wrote a memory."""
-    common = {s: sorted(set(a[s]) & set(b[s])) for s in a}
+    """``compare`` restricted to the tasks where both sides wrote a memory at every seed: the crossed design's
+    interval needs every seed on the same tasks."""
+    common = {s: set(a[s]) & set(b[s]) for s in a}
     empty = [s for s, ts in common.items() if not ts]
     if empty:
         return {"seeds": sorted(a), "verdict": f"no task with memories on both sides at seed(s) {empty}"}
+    shared = sorted(set.intersection(*common.values()))
+    if not shared:
+        return {"seeds": sorted(a), "verdict": "no task with memories on both sides at every seed"}
     return compare(
-        {s: {t: a[s][t] for t in ts} for s, ts in common.items()},
-        {s: {t: b[s][t] for t in ts} for s, ts in common.items()},
+        {s: {t: a[s][t] for t in shared} for s in common},
+        {s: {t: b[s][t] for t in shared} for s in common},
         names=names,
         level=level,
     )
@@ -112,11 +117,27 @@ def score_study(
 ) -> dict[str, Any]:
     """The seed-level report of the scored memories (``arms``: arm -> seed -> checkpoint label, as
     ``mempo.eval.seeds.seed_study``): per arm and N the per-seed mean P, the seed mean and the tasks with memories;
-    per comparison (every other arm against ``reference``, every arm against ``warm_start``) the per-seed paired
-    differences over the tasks both wrote memories for, their t-interval, the two-level bootstrap and the verdict."""
-    means = task_means(items, p)
-    ns = sorted({it.objectives for it in items})
-    out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": len(items), "arms": {}, "warm_start": None}
+    per comparison (every other arm against ``reference``, every arm against ``warm_start``) ``compare``'s result
+    over the tasks both sides wrote memories for at every seed (per-seed differences, the seed-plus-task t-interval
+    the verdict reads, the crossed bootstrap)."""
+    return score_means(
+        task_means(items, p), arms, memories=len(items), reference=reference, warm_start=warm_start, level=level
+    )
+
+
+def score_means(
+    means: Mapping[tuple[str, int], Mapping[str, float]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    memories: int | None,
+    reference: str,
+    warm_start: str | None = None,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """``score_study`` from the per-task means (``task_means``: (checkpoint, N) -> task -> mean P), e.g. read back
+    from a study's per_task.csv; ``memories``: how many memories they average (None when unknown)."""
+    ns = sorted({n for _, n in means})
+    out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": memories, "arms": {}, "warm_start": None}
     for arm, labels in arms.items():
         out["arms"][arm] = {"seeds": sorted(labels), "by_n": {str(n): _per_seed(means, labels, n) for n in ns}}
     pairs = [(arm, reference) for arm in arms if arm != reference]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
-from mempo.eval.seeds import parse_arm, seed_study, study_markdown
+from mempo.eval.memory_scores import score_markdown, score_means
+from mempo.eval.seeds import parse_arm, seed_study, study_from_per_task, study_markdown
 from mempo.eval.tables import markdown_table, pyplot, save_figure
 
 TABLE_COLUMNS = [
@@ -404,11 +405,15 @@ def mean_checkpoint(
 def main(argv: list[str] | None = None) -> None:
     """``python -m mempo.eval.report EVAL_DIR [EVAL_DIR ...]``: one interval table over several evaluations of the
     same tasks (same seed, N and eval.num_tasks), paired differences against the first checkpoint; with ``--arm``
-    the seed-level tables instead (arms of checkpoints, one per RL seed; ``mempo.eval.seeds``)."""
+    the seed-level tables instead (arms of checkpoints, one per RL seed; ``mempo.eval.seeds``); ``--per-task CSV``:
+    a study's seed-level tables recomputed from its committed per_task.csv."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("eval_dirs", nargs="+", type=Path)
+    ap.add_argument("eval_dirs", nargs="*", type=Path)
+    ap.add_argument("--per-task", default=None, type=Path, metavar="CSV",
+                    help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed, with "
+                    "--reference as the study's (default: the first arm)")  # fmt: skip
     ap.add_argument("--mean", action="append", default=[], metavar="NAME=A,B",
                     help="add a checkpoint NAME whose per-task values are the means of checkpoints A, B, ... "
                     "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
@@ -416,13 +421,21 @@ def main(argv: list[str] | None = None) -> None:
                     help="pair the others against NAME (a label or a --mean name), not the first")  # fmt: skip
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=SEED:LABEL,...",
                     help="seed-level mode (mempo.eval.seeds): an arm NAME whose RL seed SEED is checkpoint LABEL; "
-                    "arms pair by seed and task, intervals over the per-seed differences")  # fmt: skip
+                    "arms pair by seed and task; the verdict reads the seed-plus-task t-interval")  # fmt: skip
     ap.add_argument("--reference", default=None, metavar="NAME",
                     help="with --arm: the arm the others are compared with (default: the first)")  # fmt: skip
     ap.add_argument("--warm-start", default=None, metavar="LABEL",
                     help="with --arm: a checkpoint every arm is also compared with, paired by task")  # fmt: skip
     ap.add_argument("--json", default=None, type=Path, metavar="PATH", help="with --arm: also write the report")
     args = ap.parse_args(argv)
+    if args.per_task is not None:
+        if args.eval_dirs or args.arm or args.mean or args.base or args.warm_start:
+            raise SystemExit("--per-task: the CSV holds the whole study; give no EVAL_DIR, --arm, --mean, --base or "
+                             "--warm-start with it")  # fmt: skip
+        print(per_task_report(args.per_task, reference=args.reference, json_path=args.json))
+        return
+    if not args.eval_dirs:
+        raise SystemExit("give at least one EVAL_DIR (or --per-task CSV)")
     if args.arm:
         seed_level(args)
         return
@@ -445,12 +458,53 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--base: {e}") from None
 
 
+def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """The records of several evaluations' results.jsonl, concatenated; a ValueError naming the label and both folders
+    when a checkpoint label has records at one (agent, N) in two of them (two runs that share a label, e.g. the demo's
+    warm_start and rl, would merge into one by task id), or when a folder is given twice."""
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str, int], Path] = {}
+    for d in map(Path, eval_dirs):
+        own = read_records(d / "results.jsonl")
+        for key in dict.fromkeys((r["checkpoint"], r["agent"], r["objectives"]) for r in own):
+            if key in seen:
+                raise ValueError(
+                    f"checkpoint {key[0]!r} (agent={key[1]}, N={key[2]}) has records in both {seen[key]} and {d}: "
+                    "one label must be one evaluated checkpoint; evaluate the runs together, or give each its own "
+                    "label (eval.checkpoints)"
+                )
+            seen[key] = d
+        records += own
+    return records
+
+
+def per_task_report(path: Path, *, reference: str | None = None, json_path: Path | None = None) -> str:
+    """A study's seed-level tables recomputed from its per_task.csv (``mempo.eval.seeds.study_from_per_task``): the
+    EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``). With
+    ``json_path`` the report is also written there ({"study", "memory_scores"})."""
+    with Path(path).open(newline="") as f:
+        try:
+            records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
+            study = seed_study(records, arms, reference=reference, warm_start=warm)
+        except ValueError as e:
+            raise SystemExit(f"--per-task {path}: {e}") from None
+    out, report = [study_markdown(study)], {"study": study, "memory_scores": None}
+    if means:
+        scores = score_means(means, arms, memories=None, reference=study["reference"], warm_start=warm)
+        report["memory_scores"] = scores
+        out += ["", "Memory scores (each task's mean P(gold | question, memory) under the study's scorer):", "",
+                score_markdown(scores)]  # fmt: skip
+    if json_path:
+        atomic_write_text(json_path, json.dumps(report, indent=1) + "\n")
+    return "\n".join(out)
+
+
 def seed_level(args: Any) -> None:
     """``--arm`` mode: the seed-level tables (``mempo.eval.seeds``) of the evaluations' results.jsonl."""
     if args.mean or args.base:
         raise SystemExit("--arm: --mean and --base are the tasks-only mode's; use --reference with --arm")
-    records = [rec for d in args.eval_dirs for rec in read_records(Path(d) / "results.jsonl")]
     try:
+        records = read_eval_records(args.eval_dirs)
         arms = dict(parse_arm(spec) for spec in args.arm)
         study = seed_study(records, arms, reference=args.reference, warm_start=args.warm_start)
     except ValueError as e:

@@ -2,16 +2,22 @@
 held-out tasks (one evaluation: ``mempo.stages.study``, or ``python -m mempo.eval.report --arm``).
 
 A comparison of arm B against arm A (or against the warm start, one checkpoint standing for every seed) pairs B's
-run of seed s with A's run of seed s, and within that pair B's score on task t with A's on task t. Each seed gives
-one paired difference, the mean over its tasks of B - A; the evidence is those K differences:
+run of seed s with A's run of seed s, and within that pair B's score on task t with A's on task t: a K x T matrix
+d[s, t] of paired differences. Every seed is scored on the same tasks, so the design is crossed, d[s, t] = mu + u_t +
+v_s + e_st, and the mean's variance has a seed term and a task term (``mempo.eval.stats``):
 
-    t-interval     mean +- t_{K-1} * sd / sqrt(K) over the per-seed differences: the interval the verdict reads
-    bootstrap      two-level: seeds resampled, then tasks within each drawn seed (beside it; with 2-3 seeds it is
-                   too narrow: 3 seeds give 10 distinct resamples of seeds)
-    verdict        "above 0" | "below 0" | "includes 0", from the t-interval
+    per-seed differences   the K row means (what each seed's run gained)
+    interval               the seed-plus-task t-interval: s^2(seed means) / K + s^2(task means over seeds) / T,
+                           Welch-Satterthwaite df: the interval the verdict reads (near 95% coverage in simulation
+                           whichever term dominates)
+    crossed bootstrap      seeds resampled with one draw of tasks shared by all of them, beside it (too narrow with
+                           2-3 seeds where the seeds dominate: 3 seeds give 10 distinct draws)
+    verdict                "above 0" | "below 0" | "includes 0", from the interval; "one seed: no interval" at K = 1
+    seed_t_interval        (study.json only) the seed-only t over the K differences, df = K - 1, which S1-S4 read:
+                           it leaves out the task term
 
 The tasks-only intervals of ``interval_table`` (and ``--mean``) hold the seeds fixed and so leave out the spread
-between RL seeds, the largest source of variance here (docs/results.md, "S2's result").
+between RL seeds.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mempo.eval.stats import t_interval, two_level_bootstrap, verdict
+from mempo.eval.stats import crossed_bootstrap, seed_task_t_interval, t_interval, verdict
 from mempo.eval.tables import markdown_table
 
 Scores = Mapping[int, Mapping[str, float]]  # seed -> task_id -> a per-task value (EM or F1)
@@ -42,41 +48,88 @@ def paired_differences(a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "
     return out
 
 
+def paired_matrix(
+    a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "b")
+) -> tuple[list[int], list[str], np.ndarray]:
+    """-> (seeds, tasks, d [K, T]): ``paired_differences`` as the crossed design's matrix, d[i, j] = b - a on task
+    tasks[j] at seed seeds[i]. Every seed must hold the same tasks (one evaluation scores every checkpoint on the same
+    ones): otherwise a ValueError naming two seeds that differ."""
+    diffs = paired_differences(a, b, names=names)
+    seeds = list(diffs)
+    tasks = sorted(a[seeds[0]]) if seeds else []
+    for s in seeds[1:]:
+        if sorted(a[s]) != tasks:
+            only = sorted(set(a[s]) ^ set(tasks))[:3]
+            raise ValueError(
+                f"{names[1]} - {names[0]}: seeds {seeds[0]} and {s} hold different tasks (e.g. {only}); the seed-level "
+                "interval needs every seed scored on the same tasks"
+            )
+    return seeds, tasks, np.asarray([diffs[s] for s in seeds], dtype=np.float64).reshape(len(seeds), len(tasks))
+
+
 def compare(
     a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "b"), level: float = 0.95, n_resamples: int = 10_000
 ) -> dict[str, Any]:
-    """B - A over seeds -> {"seeds", "tasks" (per seed), "per_seed" (the paired differences), "mean",
-    "t_interval" ([low, high], df = K - 1; None for one seed), "bootstrap" ([low, high], two-level), "verdict"}."""
-    diffs = paired_differences(a, b, names=names)
-    seeds = list(diffs)
-    per_seed = [float(np.mean(diffs[s])) for s in seeds]
-    mean, boot_lo, boot_hi = two_level_bootstrap([diffs[s] for s in seeds], level=level, n_resamples=n_resamples)
+    """B - A over seeds and tasks -> {"seeds", "tasks" (per seed), "per_seed" (the seeds' mean paired differences),
+    "mean", "interval" ([low, high]: ``seed_task_t_interval``, the verdict's; None for one seed or one task), "df" (its
+    Satterthwaite df), "crossed_bootstrap" ([low, high]: ``crossed_bootstrap``, beside it), "seed_t_interval" ([low,
+    high]: the seed-only t, df = K - 1, that S1-S4 read; not read), "verdict", "level"}."""
+    seeds, tasks, d = paired_matrix(a, b, names=names)
+    if not seeds or not tasks:
+        raise ValueError(f"{names[1]} - {names[0]}: no seeds or no tasks to compare")
+    per_seed = [float(v) for v in d.mean(axis=1)]
+    mean, boot_lo, boot_hi = crossed_bootstrap(d, level=level, n_resamples=n_resamples)
     out: dict[str, Any] = {
         "seeds": seeds,
-        "tasks": [len(diffs[s]) for s in seeds],
+        "tasks": [len(tasks)] * len(seeds),
         "per_seed": per_seed,
         "mean": mean,
-        "t_interval": None,
-        "bootstrap": [boot_lo, boot_hi],
-        "verdict": "one seed: no interval",
+        "interval": None,
+        "df": None,
+        "crossed_bootstrap": [boot_lo, boot_hi],
+        "seed_t_interval": None,
+        "verdict": "one seed: no interval" if len(seeds) < 2 else "one task: no interval",
         "level": level,
     }
     if len(seeds) >= 2:
         _, lo, hi = t_interval(per_seed, level=level)
-        out |= {"t_interval": [lo, hi], "verdict": verdict(lo, hi)}
+        out["seed_t_interval"] = [lo, hi]
+    if len(seeds) >= 2 and len(tasks) >= 2:
+        _, lo, hi, df = seed_task_t_interval(d, level=level)
+        out |= {"interval": [lo, hi], "df": df, "verdict": verdict(lo, hi)}
     return out
 
 
 def checkpoint_scores(records: Sequence[Mapping[str, Any]], label: str, *, agent: str, n: int, metric: str) -> dict:
-    """task_id -> ``metric`` of checkpoint ``label``'s records at (agent, N); a ValueError when it has none."""
-    out = {
-        r["task_id"]: float(r[metric])
-        for r in records
-        if r["checkpoint"] == label and r["agent"] == agent and r["objectives"] == n
-    }
+    """task_id -> ``metric`` of checkpoint ``label``'s records at (agent, N); a ValueError when it has none, or when a
+    task id appears twice (two evaluations of one label merged, or two tasks sharing an id): one would be dropped."""
+    out: dict[str, float] = {}
+    for r in records:
+        if r["checkpoint"] == label and r["agent"] == agent and r["objectives"] == n:
+            if r["task_id"] in out:
+                raise ValueError(
+                    f"checkpoint {label!r}: task {r['task_id']!r} has two records at agent={agent}, N={n}; one "
+                    "label must be one evaluated checkpoint scored once per task"
+                )
+            out[r["task_id"]] = float(r[metric])
     if not out:
         raise ValueError(f"checkpoint {label!r}: no records at agent={agent}, N={n} in the evaluations given")
     return out
+
+
+def check_labels(arms: Mapping[str, Mapping[int, str]], warm_start: str | None = None) -> None:
+    """A ValueError naming the label when one checkpoint label would stand for two runs: two seeds of an arm, two
+    arms, or an arm and the warm start (its pairs would compare a run with itself, or count one run as two seeds)."""
+    used: dict[str, str] = {} if warm_start is None else {warm_start: "the warm start"}
+    for arm, labels in arms.items():
+        for seed, label in sorted(labels.items()):
+            where = f"arm {arm!r} seed {seed}"
+            if label in used:
+                raise ValueError(
+                    f"checkpoint label {label!r} serves both {used[label]} and {where}; each seed of each arm must "
+                    "be its own evaluated checkpoint (its own label)"
+                )
+            used[label] = where
 
 
 def seed_study(
@@ -94,6 +147,7 @@ def seed_study(
     result per metric. -> the dict ``study.json`` holds."""
     if not arms:
         raise ValueError("seed_study: no arms")
+    check_labels(arms, warm_start)
     reference = next(iter(arms)) if reference is None else reference
     if reference not in arms:
         raise ValueError(f"reference arm {reference!r} is not among the arms {list(arms)}")
@@ -135,41 +189,109 @@ def seed_study(
     return out
 
 
+# A study's per-task results, one row per (arm, seed, N, task) of its agent and one per (N, task) of the warm start
+# (arm "warm_start", seed empty): enough to recompute every comparison (``study_from_per_task``). memory_score: the
+# task's mean P(gold | question, memory) under the study's fixed scorer, empty where its rollout wrote no memory.
+PER_TASK_COLUMNS = ["arm", "seed", "N", "task", "em", "f1", "memory_score"]
+WARM_START_ARM = "warm_start"
+
+
+def per_task_rows(
+    records: Sequence[Mapping[str, Any]],
+    arms: Mapping[str, Mapping[int, str]],
+    *,
+    warm_start: str | None = None,
+    memory_means: Mapping[tuple[str, int], Mapping[str, float]] | None = None,
+    agent: str = "memory",
+) -> list[dict[str, Any]]:
+    """The rows of per_task.csv (``PER_TASK_COLUMNS``) of ``records`` (results.jsonl's) for ``arms`` (arm -> seed ->
+    checkpoint label) and the ``warm_start`` label; ``memory_means``: (label, N) -> task -> mean P (the memory
+    scores' ``task_means``), None when the study scored none. The warm start first, then arm, seed, N, task order."""
+    check_labels(arms, warm_start)
+    who = {} if warm_start is None else {warm_start: (WARM_START_ARM, "")}
+    who |= {label: (arm, str(seed)) for arm, labels in arms.items() for seed, label in sorted(labels.items())}
+    order = {label: i for i, label in enumerate(who)}
+    kept = sorted((r for r in records if r["agent"] == agent and r["checkpoint"] in who),
+                  key=lambda r: (order[r["checkpoint"]], r["objectives"], r["task_id"]))  # fmt: skip
+    rows = []
+    for r in kept:
+        arm, seed = who[r["checkpoint"]]
+        p = (memory_means or {}).get((r["checkpoint"], r["objectives"]), {}).get(r["task_id"])
+        rows.append({"arm": arm, "seed": seed, "N": r["objectives"], "task": r["task_id"], "em": float(r["em"]),
+                     "f1": float(r["f1"]), "memory_score": "" if p is None else p})  # fmt: skip
+    return rows
+
+
+def study_from_per_task(
+    rows: Sequence[Mapping[str, str]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, str]], str | None, dict[tuple[str, int], dict[str, float]]]:
+    """per_task.csv's rows (as ``csv.DictReader`` gives them) -> (records, arms, warm start label, memory means):
+    what ``seed_study`` and ``mempo.eval.memory_scores.score_means`` take, the labels "<arm>_s<seed>" and
+    "warm_start" (the study's). A ValueError naming the line (2 = the first row) of a malformed row."""
+    records: list[dict[str, Any]] = []
+    arms: dict[str, dict[int, str]] = {}
+    warm: str | None = None
+    means: dict[tuple[str, int], dict[str, float]] = {}
+    for line, r in enumerate(rows, start=2):
+        missing = [c for c in PER_TASK_COLUMNS if c not in r or r[c] is None]
+        try:
+            if missing:
+                raise ValueError(f"no {', '.join(missing)}")
+            n, em, f1 = int(r["N"]), float(r["em"]), float(r["f1"])
+            if r["arm"] == WARM_START_ARM and r["seed"] == "":
+                label = warm = WARM_START_ARM
+            else:
+                label = f"{r['arm']}_s{int(r['seed'])}"
+                arms.setdefault(r["arm"], {})[int(r["seed"])] = label
+            if r["memory_score"] != "":
+                means.setdefault((label, n), {})[r["task"]] = float(r["memory_score"])
+        except ValueError as e:
+            raise ValueError(f"per_task.csv line {line}: {e}") from None
+        records.append({"checkpoint": label, "agent": "memory", "objectives": n, "task_id": r["task"], "em": em,
+                        "f1": f1})  # fmt: skip
+    return records, arms, warm, means
+
+
 def _nums(xs: Sequence[float], digits: int = 3) -> str:
     return ", ".join(f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}" for x in xs)
 
 
+COMPARISON_NOTE = (
+    "Paired by seed and task, every seed on the same tasks (a crossed design). The verdict reads the seed-plus-task "
+    "t-interval: Var = s^2(seed means) / K + s^2(task means over seeds) / T, Welch-Satterthwaite df (both variance "
+    "sources). Beside it the crossed bootstrap (seeds resampled, one task draw shared by all of them; too narrow with "
+    "few seeds where the seeds dominate). One seed: no interval, and the bootstrap is then over tasks alone."
+)
+
+
 def comparison_table(comparisons: Sequence[Mapping[str, Any]], metrics: Sequence[str], *, digits: int = 3) -> str:
     """The comparisons of a seed-level report (rows {"arm", "against", "N", metric: ``compare``'s result}) as one
-    markdown table: per-seed paired differences, their mean, the t-interval, the two-level bootstrap, the verdict. A
-    comparison that could not be made (no "mean") shows its verdict alone."""
+    markdown table: per-seed paired differences, their mean, the seed-plus-task t-interval and its df, the crossed
+    bootstrap, the verdict. A comparison that could not be made (no "mean") shows its verdict alone; one of one seed
+    shows "(one seed)" for the interval."""
 
-    rows, dfs = [], set()
+    def pair(lo_hi: Sequence[float]) -> str:
+        return f"[{lo_hi[0]:.{digits}f}, {lo_hi[1]:.{digits}f}]"
+
+    cols = ["comparison", "N", "metric", "per-seed differences", "mean", "seed+task t-interval", "df",
+            "crossed bootstrap", "verdict"]  # fmt: skip
+    rows = []
     for c in comparisons:
         for m in metrics:
             r = c[m]
-            row = {"comparison": f"{c['arm']} - {c['against']}", "N": c["N"], "metric": m.upper(),
-                   "verdict": r["verdict"]}  # fmt: skip
+            row = dict.fromkeys(cols, "") | {"comparison": f"{c['arm']} - {c['against']}", "N": c["N"],
+                                               "metric": m.upper(), "verdict": r["verdict"]}  # fmt: skip
             if "mean" in r:
-                lo_hi = r["t_interval"]
-                dfs.add(len(r["seeds"]) - 1)
+                one = "(one seed)" if len(r["seeds"]) < 2 else "(one task)"
                 row |= {
                     "per-seed differences": _nums(r["per_seed"], digits),
                     "mean": f"{r['mean']:.{digits}f}",
-                    "t-interval": f"[{lo_hi[0]:.{digits}f}, {lo_hi[1]:.{digits}f}]" if lo_hi else "(one seed)",
-                    "two-level bootstrap": f"[{r['bootstrap'][0]:.{digits}f}, {r['bootstrap'][1]:.{digits}f}]",
+                    "seed+task t-interval": pair(r["interval"]) if r["interval"] else one,
+                    "df": f"{r['df']:.1f}" if r["df"] is not None else "",
+                    "crossed bootstrap": pair(r["crossed_bootstrap"]),
                 }
             rows.append(row)
-    t_col = f"t-interval (df={dfs.pop()})" if len(dfs) == 1 else "t-interval"
-    cols = ["comparison", "N", "metric", "per-seed differences", "mean", t_col, "two-level bootstrap", "verdict"]
-    for row in rows:
-        row[t_col] = row.pop("t-interval", "")
-        row |= {c: row.get(c, "") for c in cols}
-    note = (
-        "Paired by seed and task: intervals over the per-seed differences (t, df = K - 1: the verdict) and a "
-        "two-level bootstrap (seeds, then tasks within each seed; too narrow with few seeds)."
-    )
-    return note + "\n\n" + markdown_table(rows, cols)
+    return COMPARISON_NOTE + "\n\n" + markdown_table(rows, cols)
 
 
 def study_markdown(study: Mapping[str, Any]) -> str:

@@ -86,9 +86,15 @@ def reuses(cfg: DictConfig, step: Step, run_dir: Path) -> bool:
 IGNORED_CHANGES = ("run_dir", "resume", "overwrite", "verbose", "sweep")  # where or how, not what a phase trained
 
 
-def config_changes(saved: Path, cfg: DictConfig, *, limit: int = 4) -> list[str]:
-    """``key (old -> new)`` for each key whose value in a phase's saved ``config.yaml`` differs from ``cfg``'s
-    (not the keys of ``IGNORED_CHANGES``): what a reused phase was trained with that this run would change."""
+UNSET = "(unset)"  # a key one side of a config comparison does not hold
+
+
+def config_diff(
+    saved: Path, cfg: DictConfig, *, ignored: Sequence[str] = IGNORED_CHANGES
+) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, ``cfg``'s value) for each key whose value in a saved config (a phase's
+    ``config.yaml``, or a study's ``study_run.yaml``) differs from ``cfg``'s, ``UNSET`` where one side lacks the key,
+    less the keys under ``ignored`` (dotted prefixes: a group, or one key); none when ``saved`` does not exist."""
     if not saved.is_file():
         return []
 
@@ -97,10 +103,23 @@ def config_changes(saved: Path, cfg: DictConfig, *, limit: int = 4) -> list[str]
             return {prefix[:-1]: d}
         return {k: v for key, sub in d.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
 
+    def skip(key: str) -> bool:
+        return any(key == p or key.startswith(p + ".") for p in ignored)
+
     old, new = flat(OmegaConf.to_container(OmegaConf.load(saved))), flat(OmegaConf.to_container(cfg))
-    keys = [k for k in dict.fromkeys([*new, *old]) if k.split(".")[0] not in IGNORED_CHANGES]
-    changed = [f"{k} ({old.get(k, '(unset)')} -> {new.get(k, '(unset)')})" for k in keys if old.get(k) != new.get(k)]
-    return changed[:limit] + ([f"{len(changed) - limit} more"] if len(changed) > limit else [])
+    keys = [k for k in dict.fromkeys([*new, *old]) if not skip(k)]
+    return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in keys if old.get(k, UNSET) != new.get(k, UNSET)]
+
+
+def config_changes(
+    saved: Path, cfg: DictConfig, *, limit: int | None = 4, ignored: Sequence[str] = IGNORED_CHANGES
+) -> list[str]:
+    """``key (old -> new)`` for each difference of ``config_diff``: what a reused phase was trained with that this run
+    would change. At most ``limit`` (None: all), then "N more"."""
+    changed = [f"{k} ({a} -> {b})" for k, a, b in config_diff(saved, cfg, ignored=ignored)]
+    if limit is None or len(changed) <= limit:
+        return changed
+    return changed[:limit] + [f"{len(changed) - limit} more"]
 
 
 def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,8 @@ as the unit of evidence (``mempo.eval.seeds``; why: docs/results.md, "Pre-regist
                  finished), as the demo's and the headline's
     arms x seeds each arm (study.arms: a config delta on top of study.recipe) at each seed of study.seeds, for
                  trainer.max_steps RL steps from the warm start without in-training validation: each its own
-                 ``experiments/run.py`` process in <run_dir>/<arm>/seed<k> (a finished run is reused, a killed one
+                 ``experiments/run.py`` process in <run_dir>/<arm>/seed<k> (a finished run is reused when its saved
+                 study_run.yaml is the config it would train now, else refused naming the keys; a killed one
                  continued with resume=true from its checkpoint)
     evaluation   the warm start and every final checkpoint in one evaluation on the same held-out tasks
                  (eval.num_tasks x eval.objectives; exp/study.yaml: 128 two-question tasks, a float32 engine)
@@ -13,12 +14,15 @@ as the unit of evidence (``mempo.eval.seeds``; why: docs/results.md, "Pre-regist
     memory scores every memory the evaluation's memory agents wrote, scored by P(gold | question, memory) under the
                  warm start, one fixed scorer for every arm (study.memory_scores; ``mempo.eval.memory_scores``)
     report       per arm its seeds' EM and F1; per comparison (every arm against study.reference, every arm against
-                 the warm start) the per-seed paired differences, the t-interval over them (df = K - 1), the
-                 two-level bootstrap beside it and the verdict; the same for the memory scores; per arm its turns
-                 per task and failure verdicts
+                 the warm start) the per-seed paired differences, the seed-plus-task t-interval the verdict reads
+                 (every seed on the same tasks: both variance sources, Satterthwaite df; ``mempo.eval.stats``), the
+                 crossed bootstrap beside it and the verdict; the same for the memory scores; per arm its turns per
+                 task and failure verdicts
 
 K (study.seeds) and the steps are the config's, fixed before the study runs. Outputs: <run_dir>/study.md (the
-tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), summary.json,
+tables), study.json (``mempo.eval.seeds.seed_study`` plus the design, the memory scores and timings), per_task.csv
+(arm, seed, N, task, EM, F1, memory score: every comparison recomputes from it, ``python -m mempo.eval.report
+--per-task``; commit it with study.md and study.json under docs/studies/<name>/), summary.json,
 memory_scores.csv/.png, eval/ (the evaluation's full report), and each arm-seed's run folder.
 """
 
@@ -33,21 +37,39 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
 from mempo.core.hardware import cpu_kind
-from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study
+from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study, task_means
 from mempo.eval.report import read_records
-from mempo.eval.seeds import seed_study, study_markdown, turns_and_failures, turns_and_failures_markdown
+from mempo.eval.seeds import (
+    PER_TASK_COLUMNS,
+    per_task_rows,
+    seed_study,
+    study_markdown,
+    turns_and_failures,
+    turns_and_failures_markdown,
+)
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.stages.builders import build_builder, group, run_path
-from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
+from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision, schema
 from mempo.stages.evaluate import run_eval
 from mempo.stages.rundir import finished, held_outputs, run_record
-from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.steps import (
+    DEMO_RATES,
+    IGNORED_CHANGES,
+    UNSET,
+    Step,
+    command_line_keys,
+    config_diff,
+    folders_arg,
+    run_steps,
+    stage,
+    with_overrides,
+)
 
 RUN_PY = CONFIG_DIR.parent / "run.py"  # the experiments/run.py of the code that is running (not an installed copy)
 REPO_ROOT = CONFIG_DIR.parents[1]
@@ -166,14 +188,34 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     )
 
 
-def launch(sub: DictConfig) -> None:
-    """Run one arm-seed as its own ``experiments/run.py`` process in ``sub.run_dir``: its full config written to
-    <run_dir>/study_run.yaml and given to Hydra as the primary config, so it runs exactly this config, with this
-    code (PYTHONPATH: the running code's repository first). Raises naming the folder when it fails."""
+RUN_CONFIG = "study_run.yaml"
+# Keys an arm-seed's training does not read, skipped when a finished run's saved config is compared before reuse:
+# where and how it runs (``IGNORED_CHANGES``), the study's own group (its effect on a run is in the run's own keys:
+# model.name_or_path, the arm's delta; more seeds leave the others' runs as they are), other stages' groups, the
+# logger, and the evaluation's keys but eval.every_n_steps (a study run does no in-training validation).
+REUSE_IGNORED_GROUPS = ("study", "headline", "demo", "plan", "logger")
+
+
+def reuse_ignored(cfg: DictConfig) -> tuple[str, ...]:
+    """The dotted prefixes ``config_diff`` skips when a study compares a finished run's saved config."""
+    return (*IGNORED_CHANGES, *REUSE_IGNORED_GROUPS, *(f"eval.{k}" for k in cfg.eval if k != "every_n_steps"))
+
+
+def write_run_config(sub: DictConfig) -> Path:
+    """<run_dir>/study_run.yaml: an arm-seed's full config (less ``sweep``: run.py records its own), what its process
+    runs and what a later study compares before reusing the run (``reuse_changes``)."""
     folder = Path(sub.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    plain = {k: v for k, v in OmegaConf.to_container(sub).items() if k != "sweep"}  # run.py records its own
-    atomic_write_text(folder / "study_run.yaml", OmegaConf.to_yaml(plain))
+    plain = {k: v for k, v in OmegaConf.to_container(sub).items() if k != "sweep"}
+    atomic_write_text(folder / RUN_CONFIG, OmegaConf.to_yaml(plain))
+    return folder / RUN_CONFIG
+
+
+def launch(sub: DictConfig) -> None:
+    """Run one arm-seed as its own ``experiments/run.py`` process in ``sub.run_dir``: its full config written to
+    <run_dir>/study_run.yaml (``write_run_config``) and given to Hydra as the primary config, so it runs exactly this
+    config, with this code (PYTHONPATH: the running code's repository first). Raises naming the folder when it fails."""
+    folder = write_run_config(sub).parent
     cmd = [sys.executable, str(RUN_PY), f"--config-dir={folder.resolve()}", "--config-name=study_run",
            f"hydra.run.dir={folder}"]  # fmt: skip
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -185,12 +227,52 @@ def launch(sub: DictConfig) -> None:
         )
 
 
+def reuse_changes(cfg: DictConfig, sub: DictConfig) -> tuple[list[str], list[str]]:
+    """What a finished arm-seed in ``sub.run_dir`` was trained with that ``sub`` would change -> (changes, notes):
+    ``config_diff`` of its study_run.yaml (or the run's own config.yaml when a study did not train it), less
+    ``reuse_ignored``. A change refuses the reuse. A note does not: a key the run's config lacks that ``sub`` holds at
+    its schema default (added to the code since the run trained, as it behaved before), or a key only the run's config
+    holds (the code no longer has it). A ValueError when the folder holds neither file."""
+    folder = Path(sub.run_dir)
+    saved = next((f for f in (folder / RUN_CONFIG, folder / "config.yaml") if f.is_file()), None)
+    if saved is None:
+        raise ValueError(
+            f"study: {folder} holds a finished run but neither {RUN_CONFIG} nor config.yaml, so its config cannot be "
+            "compared with this study's; overwrite=true trains every arm-seed again, or give the study a new run_dir"
+        )
+    defaults = schema()
+
+    def default(key: str) -> Any:
+        v = OmegaConf.select(defaults, key, default=UNSET)
+        return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+
+    changes, notes = [], []
+    for key, old, new in config_diff(saved, sub, ignored=reuse_ignored(cfg)):
+        if old == UNSET and new == default(key):
+            notes.append(f"{key} (added since, at its default {new})")
+        elif new == UNSET:
+            notes.append(f"{key} (no longer a key; it was {old})")
+        else:
+            changes.append(f"{key} ({old} -> {new})")
+    return changes, notes
+
+
 def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
-    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A folder with a checkpoint is
-    continued (resume=true); one with outputs but no checkpoint is started again (overwrite=true)."""
+    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A finished run is reused only when
+    its saved config is the one it would train now (``reuse_changes``); otherwise a ValueError naming the keys that
+    differ. A folder with a checkpoint is continued (resume=true); one with outputs but no checkpoint is started again
+    (overwrite=true)."""
     folder = Path(sub.run_dir)
     if finished(folder) and not cfg.overwrite:
-        say(f"[mempo] {label}: reusing {folder}, finished earlier (overwrite=true trains it again)")
+        changes, notes = reuse_changes(cfg, sub)
+        if changes:
+            raise ValueError(
+                f"study: {label}: {folder} holds a run trained with another config than this study's; it differs "
+                f"in {'; '.join(changes)}. overwrite=true trains every arm-seed again, or give the study a new run_dir"
+            )
+        also = f"; {'; '.join(notes)}" if notes else ""
+        say(f"[mempo] {label}: reusing {folder}, finished earlier with the same config{also} (overwrite=true trains "
+            "it again)")  # fmt: skip
         return "reused"
     held = held_outputs(folder)
     ckpt = folder / "checkpoints" / "last.ckpt"
@@ -290,11 +372,13 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
     phases["eval_s"] = time.perf_counter() - t
     scores, files = None, {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
+    means = None
     if cfg.study.memory_scores:
         t = time.perf_counter()
         items = memory_items(records)
         say(f"[mempo] study: scoring {len(items)} memories by P(gold | question, memory) under the warm start")
         p, dtype = score_memories(cfg, items)
+        means = task_means(items, p)
         scores = score_study(items, p, arms, reference=cfg.study.reference, warm_start="warm_start")
         scores |= {"scorer": str(warm_start_folder(cfg)), "dtype": dtype}
         rows = [{"checkpoint": it.checkpoint, "objectives": it.objectives, "task_id": it.task_id, "turn": it.turn,
@@ -303,6 +387,8 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         files["memory_scores_png"] = plot_scores(items, p, {"warm_start": {0: "warm_start"}, **arms},
                                                  out / "memory_scores.png")  # fmt: skip
         phases["memory_scores_s"] = time.perf_counter() - t
+    rows = per_task_rows(records, arms, warm_start="warm_start", memory_means=means)
+    files["per_task_csv"] = write_csv(out / "per_task.csv", rows, PER_TASK_COLUMNS)
     phases["total_s"] = time.perf_counter() - start
     design = {
         "seeds": list(cfg.study.seeds),

@@ -64,16 +64,17 @@ def test_per_task_and_per_seed_means_and_the_paired_comparison_by_hand() -> None
     b_vs_a = st["comparisons"][0]
     assert (b_vs_a["arm"], b_vs_a["against"], b_vs_a["N"]) == ("b", "a", 2)
     r = b_vs_a["p_gold"]
-    # seed 0 pairs over t1, t2 (a has no memory on t3): (0.5 - 0.2 + 0.3 - 0.2) / 2 = 0.2;
-    # seed 1 over all three: (0 + 0.2 + 0) / 3 = 0.0667; t-interval over [0.2, 0.0667], df = 1
-    assert r["tasks"] == [2, 3] and r["per_seed"] == pytest.approx([0.2, 0.2 / 3])
-    mean, sd = (0.2 + 0.2 / 3) / 2, abs(0.2 - 0.2 / 3) / math.sqrt(2)
-    half = 12.7062 * sd / math.sqrt(2)
-    assert r["t_interval"] == pytest.approx([mean - half, mean + half], abs=1e-4) and r["verdict"] == "includes 0"
+    # the tasks with memories on both sides at every seed: t1, t2 (a has no memory on t3 at seed 0). Seed 0:
+    # (0.5 - 0.2 + 0.3 - 0.2) / 2 = 0.2; seed 1: (0.1 - 0.1 + 0.5 - 0.3) / 2 = 0.1. The task means over seeds are 0.15
+    # and 0.15: no task term, so df = K - 1 = 1 and the interval is 0.15 +- 12.7062 * sd(0.2, 0.1) / sqrt(2)
+    assert r["tasks"] == [2, 2] and r["per_seed"] == pytest.approx([0.2, 0.1])
+    half = 12.7062 * (0.1 / math.sqrt(2)) / math.sqrt(2)
+    assert r["df"] == pytest.approx(1.0) and r["interval"] == pytest.approx([0.15 - half, 0.15 + half])
+    assert r["verdict"] == "includes 0"
     ws = [c for c in st["comparisons"] if c["against"] == "warm_start" and c["arm"] == "b"][0]["p_gold"]
     # b - ws: seed 0 (0.4 + 0 + 0.6) / 3, seed 1 (0 + 0.2 + 0.2) / 3: the warm start's one checkpoint for each seed
     assert ws["per_seed"] == pytest.approx([1.0 / 3, 0.4 / 3])
-    assert "| b - a | 2 | P_GOLD | 0.2000, 0.0667 |" in score_markdown(st)
+    assert "| b - a | 2 | P_GOLD | 0.2000, 0.1000 | 0.1500 | [-0.4853, 0.7853] | 1.0 |" in score_markdown(st)
 
 
 def test_a_seed_without_common_memories_is_named_not_averaged() -> None:
@@ -81,6 +82,10 @@ def test_a_seed_without_common_memories_is_named_not_averaged() -> None:
     st = score_study(items, p, {"a": {0: "a_s0", 1: "a_s1"}, "b": {0: "b_s0", 1: "b_s1"}}, reference="a")
     assert st["comparisons"][0]["p_gold"]["verdict"] == "no task with memories on both sides at seed(s) [0]"
     assert "no task with memories on both sides" in score_markdown(st)
+    # both sides wrote memories at each seed, but on different tasks at seeds 0 and 1: no task the crossed design holds
+    items, p = items_of({"a_s0": {"t1": [0.2]}, "b_s0": {"t1": [0.4]}, "a_s1": {"t2": [0.1]}, "b_s1": {"t2": [0.3]}})
+    st = score_study(items, p, {"a": {0: "a_s0", 1: "a_s1"}, "b": {0: "b_s0", 1: "b_s1"}}, reference="a")
+    assert st["comparisons"][0]["p_gold"]["verdict"] == "no task with memories on both sides at every seed"
 
 
 def test_the_scorer_is_the_warm_start_against_plain_forwards(tiny_path: Path, tmp_path: Path) -> None:

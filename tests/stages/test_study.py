@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import mempo.stages.study as study_stage
 from mempo.stages import run_stage
@@ -93,7 +95,7 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
         ((), ("new", {"resume": False, "overwrite": False})),
         (("checkpoints/last.ckpt", "metrics.csv"), ("resumed", {"resume": True, "overwrite": False})),
         (("metrics.csv",), ("trained", {"resume": False, "overwrite": True})),  # killed before its first checkpoint
-        (("hf/config.json",), ("reused", None)),
+        (("hf/config.json", "study_run.yaml"), ("reused", None)),  # finished, with the config it would train now
     ],
 )
 def test_a_run_folder_is_reused_continued_or_started(tmp_path, monkeypatch, holds, expected) -> None:
@@ -102,7 +104,10 @@ def test_a_run_folder_is_reused_continued_or_started(tmp_path, monkeypatch, hold
     folder = Path(sub.run_dir)
     for name in holds:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text("{}")
+        if name == "study_run.yaml":
+            study_stage.write_run_config(sub)  # what launch wrote when it trained this run
+        else:
+            (folder / name).write_text("{}")
     launched = []
 
     def fake_launch(c) -> None:  # the process would export its policy
@@ -114,6 +119,79 @@ def test_a_run_folder_is_reused_continued_or_started(tmp_path, monkeypatch, hold
     status = run_arm_seed(cfg, sub, "mempo seed 1")
     assert status == ("trained" if expected[0] == "new" else expected[0])
     assert launched == ([] if expected[1] is None else [expected[1]])
+
+
+def test_a_finished_run_without_a_saved_config_is_not_reused(tmp_path) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    sub = arm_seed_configs(cfg)[("mempo", 1)]
+    (Path(sub.run_dir) / "hf").mkdir(parents=True)
+    (Path(sub.run_dir) / "hf" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="neither study_run.yaml nor config.yaml.*overwrite=true.*new run_dir"):
+        run_arm_seed(cfg, sub, "mempo seed 1")
+
+
+def test_a_finished_run_is_reused_only_when_its_saved_config_is_the_one_it_would_train_now(tmp_path, monkeypatch):
+    """The real ``launch`` writes study_run.yaml; only the experiments/run.py process is replaced (it would train that
+    config and export its policy). A rerun into the same folder reuses the run when nothing it trains with changed
+    (more seeds, as S2 reused S1's; another evaluation), and refuses, naming the keys and the ways out, when an arm's
+    delta, the warm start or the steps changed."""
+
+    def run_py(cmd, env, check):
+        folder = Path(next(a for a in cmd if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        assert (folder / "study_run.yaml").is_file()
+        (folder / "hf").mkdir(parents=True, exist_ok=True)
+        (folder / "hf" / "config.json").write_text("{}")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(study_stage.subprocess, "run", run_py)
+
+    def arm_seed(*extra: str):
+        cfg = compose_config("+exp=study", "+debug=default", f"run_dir={tmp_path}", *extra)
+        return cfg, arm_seed_configs(cfg)[("mempo", 0)]
+
+    assert run_arm_seed(*arm_seed(), "mempo seed 0") == "trained"
+    same = arm_seed("study.seeds=[0,1,2]", "eval.num_tasks=3", "study.memory_scores=false", "study.reference=mempo")
+    assert run_arm_seed(*same, "mempo seed 0") == "reused"
+    folder = tmp_path / "mempo" / "seed0"
+    for extra, change in (
+        (("+study.arms.mempo.optim.lr=3e-5",), r"optim\.lr \(1e-05 -> 3e-05\)"),
+        ((f"study.warm_start={tmp_path / 'other'}",), rf"model\.name_or_path \({tmp_path}/warm_start/hf -> "),
+        (("trainer.max_steps=3",), r"trainer\.max_steps \(2 -> 3\)"),
+    ):
+        with pytest.raises(ValueError, match=rf"{folder}.*{change}.*overwrite=true.*run_dir"):
+            run_arm_seed(*arm_seed(*extra), "mempo seed 0")
+    assert run_arm_seed(*arm_seed("trainer.max_steps=3", "overwrite=true"), "mempo seed 0") == "trained"
+
+
+def test_keys_added_to_the_code_since_a_run_trained_refuse_it_only_off_their_default(tmp_path, monkeypatch) -> None:
+    """A run trained by older code: its study_run.yaml lacks keys the config has now. One the run would train with at
+    its schema default (config.py: optim.skip_no_signal=true, loss.kl_coef=0.001 by default) is how the old code
+    behaved: reused, said so. One set off its default (this recipe's loss.kl_coef=0) is a change: refused. A key
+    the code no longer has does not refuse it either."""
+    cfg = compose_config("+exp=study", "+debug=default", f"run_dir={tmp_path}")
+    sub = arm_seed_configs(cfg)[("mempo", 0)]
+    assert (sub.optim.skip_no_signal, sub.loss.kl_coef) == (True, 0.0)
+    saved = study_stage.write_run_config(sub)
+    (saved.parent / "hf").mkdir()
+    (saved.parent / "hf" / "config.json").write_text("{}")
+
+    def older(drop: str) -> None:
+        plain = yaml.safe_load(saved.read_text())
+        group, key = drop.split(".")
+        del plain[group][key]
+        plain["optim"]["a_removed_option"] = 3
+        saved.write_text(yaml.safe_dump(plain))
+
+    older("optim.skip_no_signal")
+    messages = []
+    monkeypatch.setattr(study_stage, "say", messages.append)
+    assert run_arm_seed(cfg, sub, "mempo seed 0") == "reused"
+    assert "optim.skip_no_signal (added since, at its default True)" in messages[-1]
+    assert "optim.a_removed_option (no longer a key; it was 3)" in messages[-1]
+    study_stage.write_run_config(sub)
+    older("loss.kl_coef")
+    with pytest.raises(ValueError, match=r"loss\.kl_coef \(\(unset\) -> 0\.0\)"):
+        run_arm_seed(cfg, sub, "mempo seed 0")
 
 
 def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path, monkeypatch) -> None:
@@ -182,8 +260,8 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
             r = c[m]
             assert r["seeds"] == [0, 1] and r["tasks"] == [2, 2] and len(r["per_seed"]) == 2
             assert r["mean"] == pytest.approx(sum(r["per_seed"]) / 2)
-            lo, hi = r["t_interval"]
-            assert lo <= r["mean"] <= hi and len(r["bootstrap"]) == 2
+            lo, hi = r["interval"]
+            assert lo <= r["mean"] <= hi and len(r["crossed_bootstrap"]) == 2 and r["df"] >= 1
             assert r["verdict"] in ("above 0", "below 0", "includes 0")
     assert "| mempo - ablation | 1 | EM |" in (run_dir / "study.md").read_text()
     assert set(got["behaviour"]) == {"warm_start", "ablation", "mempo"}
@@ -200,3 +278,50 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
     csv_rows = (run_dir / "memory_scores.csv").read_text().splitlines()
     assert len(csv_rows) == 1 + memories and (run_dir / "memory_scores.png").is_file()
     assert "Memories scored by P(gold | question, memory) under the warm start" in (run_dir / "study.md").read_text()
+
+
+def test_the_tiny_study_commits_its_per_task_results(tiny_study) -> None:
+    """per_task.csv: one row per checkpoint (the warm start, 2 arms x 2 seeds) x N (1, 2) x task (2), and every
+    comparison of study.json recomputes from it (``python -m mempo.eval.report --per-task``)."""
+    import csv
+
+    from mempo.eval.report import per_task_report
+
+    run_dir, _ = tiny_study
+    with (run_dir / "per_task.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5 * 2 * 2 and list(rows[0]) == ["arm", "seed", "N", "task", "em", "f1", "memory_score"]
+    assert {(r["arm"], r["seed"]) for r in rows} == {("warm_start", "")} | {
+        (a, s) for a in ("ablation", "mempo") for s in ("0", "1")
+    }
+    got = json.loads((run_dir / "study.json").read_text())
+    per_task_report(run_dir / "per_task.csv", reference="ablation", json_path=run_dir / "recomputed.json")
+    again = json.loads((run_dir / "recomputed.json").read_text())
+    for was, now in zip(got["comparisons"], again["study"]["comparisons"], strict=True):
+        for m in ("em", "f1"):
+            assert (now[m]["per_seed"], now[m]["interval"], now[m]["verdict"]) == (
+                was[m]["per_seed"], was[m]["interval"], was[m]["verdict"])  # fmt: skip
+    # a memory score on every (checkpoint, N, task) whose memory agent wrote a scored memory, counted here
+    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    written = {(r["checkpoint"], r["objectives"], r["task_id"]) for r in records
+               if r["agent"] == "memory" and any(t["ok"] and t["memory"] for t in r["trace"])}  # fmt: skip
+    assert sum(r["memory_score"] != "" for r in rows) == len(written)
+    if not written:  # the tiny model may write none: nothing to recompute
+        assert again["memory_scores"] is None
+        return
+    for was, now in zip(got["memory_scores"]["comparisons"], again["memory_scores"]["comparisons"], strict=True):
+        assert now["p_gold"]["verdict"] == was["p_gold"]["verdict"]
+        assert now["p_gold"].get("interval") == was["p_gold"].get("interval")
+
+
+def test_a_rerun_with_another_arm_delta_refuses_the_finished_runs(tiny_study) -> None:
+    """The same study run again into its folder with the MemPO arm's lr changed: the ablation's runs are reused
+    (their config is unchanged), MemPO's first is refused before anything trains or evaluates, naming the key."""
+    run_dir, _ = tiny_study
+    before = (run_dir / "study.json").stat().st_mtime
+    cfg = compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}",
+                         "+study.arms.mempo.optim.lr=3e-5")  # fmt: skip
+    with pytest.raises(ValueError, match=r"mempo seed 0: .*mempo/seed0 holds a run trained with another config.*"
+                       r"optim\.lr \(1e-05 -> 3e-05\)"):  # fmt: skip
+        run_stage(cfg)
+    assert (run_dir / "study.json").stat().st_mtime == before
