@@ -45,6 +45,7 @@ from mempo.losses import (
     LossConfig,
     MemoryConfig,
     compute_advantages,
+    engine_mismatch,
     loss_weights,
     memory_advantages,
     memory_rewards,
@@ -310,6 +311,9 @@ class MemPOModule(L.LightningModule):
         """One MemPO step (the module docstring's flow); ``timings`` feed the perf/*_s metrics."""
         timings: dict[str, float] = {}
         self.last_task_ids = [t.task_id for t in batch]
+        prefix_counts = getattr(self.sampler, "prefix_cache_counts", None)  # VLLMSampler's prefix-cache counters
+        if prefix_counts is not None:
+            prefix_counts()  # restart them: validation and the canary since the last step are not this rollout
         with timed(timings, "generate"):
             self.policy.eval()
             rollouts = self.rollout(batch)  # G rollouts per task, R^T set
@@ -319,6 +323,7 @@ class MemPOModule(L.LightningModule):
             with timed(timings, "redraw"):
                 draw, dynamic = self._fill_groups(draw, len(batch))
             self.last_task_ids = list(dict.fromkeys(t.task.task_id for t in draw.rollouts.trajectories))
+        counts = prefix_counts() if prefix_counts is not None else None
         self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
         rollouts, x, adv, mem_r, mem_valid, p_mem = (
             draw.rollouts, draw.x, draw.adv, draw.mem_r, draw.mem_valid, draw.p_mem
@@ -330,6 +335,12 @@ class MemPOModule(L.LightningModule):
         with timed(timings, "update"):
             update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
         update["train/rows_updated"] = float(sum(len(g) for g in groups)) if signal else 0.0
+        if signal:  # the engine against the trainer's old policy, over the tokens the update computed
+            update.update(self.engine_mismatch_metrics(x, old_logp, groups))
+        if counts is not None:
+            queries, hits = counts
+            update["perf/prompt_tokens"] = float(queries)
+            update["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
         self.batches_done += 1
         if self.scores_memories:
             credit = self.memory_credit(rollouts, x, adv, mem_r, mem_valid, p_mem)
@@ -413,6 +424,20 @@ class MemPOModule(L.LightningModule):
         n_tasks = len(rollouts.trajectories) // self.group_size
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=n_tasks)
         self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=n_tasks)
+
+    def engine_mismatch_metrics(
+        self, x: TurnBatch, old_logp: torch.Tensor, groups: list[list[int]]
+    ) -> dict[str, float]:
+        """``rollout/engine_logp_gap``: the mean |old log-prob - the engine's log-prob| of the sampled tokens of the
+        rows the update computes; ``train/tis_clip_frac``: the share of those tokens whose truncated importance
+        weight pi_old / pi_engine is cut at ``loss.tis_cap``. Both 0 exactly when the old log-probs are the
+        engine's (``optim.old_logp=sampler``, a float32 engine); with a bf16 engine they say how far it samples from
+        the policy the update corrects towards."""
+        rows = [i for g in groups for i in g]
+        mask = torch.zeros_like(x.response_mask)
+        mask[rows] = x.response_mask[rows]
+        m = engine_mismatch(old_logp, x.sampler_logp, mask, self.loss_cfg.tis_cap)
+        return {"rollout/engine_logp_gap": float(m["logp_gap"]), "train/tis_clip_frac": float(m["tis_clip_frac"])}
 
     def update_rows(self, adv: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
         """The turn samples the update computes, in groups micro-batched apart: with a KL term every row (one group,
@@ -505,6 +530,9 @@ class MemPOModule(L.LightningModule):
             "train/lr": float(opt.param_groups[0]["lr"]),
             "train/skipped_steps": 0.0,
             "train/no_signal": 1.0,
+            "train/first_epoch_ratio_dev": 0.0,
+            "perf/update_tokens": 0.0,
+            "perf/update_pad_frac": 0.0,
         }
 
     def _update(
@@ -525,7 +553,9 @@ class MemPOModule(L.LightningModule):
         sums: dict[str, float] = {}
         skipped = 0
         grad_norm = 0.0
-        for _ in range(self.optim_cfg.ppo_epochs):
+        ratio_dev = 0.0  # the first epoch's largest |new / old - 1|: 0 when the old log-probs are this forward's
+        tokens, padded = 0, 0  # the first epoch's real tokens and the positions its micro-batches compute
+        for epoch in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
             # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
             micro_batches, idle = self._row_batches(lengths, groups)
@@ -563,6 +593,10 @@ class MemPOModule(L.LightningModule):
                 with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
+                if epoch == 0:
+                    ratio_dev = max(ratio_dev, float(m["ratio_dev_max"]))
+                    tokens += int(sum(lengths[i] for i in idx))
+                    padded += len(idx) * t_len
                 share = float(mb(x.response_mask).sum()) / computed_tokens
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
@@ -596,6 +630,9 @@ class MemPOModule(L.LightningModule):
             "train/lr": float(opt.param_groups[0]["lr"]),
             "train/skipped_steps": float(skipped),
             "train/no_signal": 0.0,
+            "train/first_epoch_ratio_dev": ratio_dev,
+            "perf/update_tokens": float(tokens),
+            "perf/update_pad_frac": 1.0 - tokens / padded if padded else 0.0,
         }
 
     def _no_grad_sync(self) -> Any:
