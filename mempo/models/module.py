@@ -92,6 +92,9 @@ class OptimConfig:
     skip_no_signal: no AdamW update on a step whose advantages are all 0 and kl_coef = 0 (see ``_has_signal``).
     skip_zero_adv_rows: with kl_coef = 0, turn samples whose advantage is 0 on every response token (each adds exactly
     nothing to the gradient) are left out of the update and of the recomputed old log-probs (``update_rows``).
+    fuse_old_logp: with old_logp=recompute and ppo_epochs = 1, the old log-probs are the update's own forward,
+    detached, instead of a separate no-grad forward over the same micro-batches: the same numbers (the forward is the
+    same computation; tests/models/module/test_engine_mismatch.py holds the weights bit-identical), one forward less.
     """
 
     lr: float = 1e-6
@@ -104,6 +107,7 @@ class OptimConfig:
     max_nonfinite: int = 3
     skip_no_signal: bool = True
     skip_zero_adv_rows: bool = True
+    fuse_old_logp: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -335,8 +339,6 @@ class MemPOModule(L.LightningModule):
         with timed(timings, "update"):
             update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
         update["train/rows_updated"] = float(sum(len(g) for g in groups)) if signal else 0.0
-        if signal:  # the engine against the trainer's old policy, over the tokens the update computed
-            update.update(self.engine_mismatch_metrics(x, old_logp, groups))
         if counts is not None:
             queries, hits = counts
             update["perf/prompt_tokens"] = float(queries)
@@ -468,9 +470,19 @@ class MemPOModule(L.LightningModule):
     def _world_size(self) -> int:
         return int(getattr(self.trainer.strategy, "world_size", 1)) if self._trainer is not None else 1
 
-    def _old_and_ref_logp(self, x: TurnBatch, groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Old log-probs (the sampler's, or a no-grad recompute over the rows the update computes, group by group)
-        and reference log-probs (only with a KL term, which computes every row)."""
+    @property
+    def fuses_old_logp(self) -> bool:
+        """Whether the update's own first forward gives the old log-probs (``OptimConfig.fuse_old_logp``): not for a
+        policy that trains with dropout (a LoRA adapter's), whose training forward is not the no-grad one."""
+        o = self.optim_cfg
+        return o.old_logp == "recompute" and o.ppo_epochs == 1 and o.fuse_old_logp and not _has_dropout(self.policy)
+
+    def _old_and_ref_logp(
+        self, x: TurnBatch, groups: list[list[int]]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Old log-probs (the sampler's, a no-grad recompute over the rows the update computes, group by group, or
+        None when the update computes them itself, ``fuses_old_logp``) and reference log-probs (only with a KL term,
+        which computes every row)."""
 
         # Only response tokens are scored: the loss and the KL never read a prompt position's log-prob.
         def score(model: torch.nn.Module) -> torch.Tensor:
@@ -487,7 +499,9 @@ class MemPOModule(L.LightningModule):
             return out
 
         old_logp = x.sampler_logp
-        if self.optim_cfg.old_logp == "recompute":
+        if self.fuses_old_logp:
+            old_logp = None
+        elif self.optim_cfg.old_logp == "recompute":
             old_logp = score(self.policy)
         ref_logp = None
         if self.loss_cfg.kl_coef > 0:
@@ -539,10 +553,13 @@ class MemPOModule(L.LightningModule):
         self,
         x: TurnBatch,
         adv: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
         groups: list[list[int]],
     ) -> dict[str, float]:
+        """``ppo_epochs`` passes over the rows of ``groups`` (Eq. 10) -> the step's train/* and perf/update_* metrics,
+        with the engine's mismatch to the old log-probs (``engine_mismatch_metrics``). ``old_logp`` None: the first
+        (only) pass's forward, detached, is the old log-probs (``fuses_old_logp``)."""
         opt = self.optimizers()
         sched = self.lr_schedulers()
         self.policy.train()
@@ -555,6 +572,9 @@ class MemPOModule(L.LightningModule):
         grad_norm = 0.0
         ratio_dev = 0.0  # the first epoch's largest |new / old - 1|: 0 when the old log-probs are this forward's
         tokens, padded = 0, 0  # the first epoch's real tokens and the positions its micro-batches compute
+        fused = old_logp is None
+        if fused:
+            old_logp = torch.zeros(x.input_ids.shape, dtype=torch.float32)  # filled by the pass below
         for epoch in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
             # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
@@ -577,6 +597,8 @@ class MemPOModule(L.LightningModule):
                     score_mask=mb(x.response_mask),
                     temperature=self.logp_temperature,
                 )
+                if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
+                    old_logp[sl] = logp.detach().float().cpu()
                 loss, m = policy_objective(
                     logp,
                     mb(old_logp),
@@ -633,6 +655,7 @@ class MemPOModule(L.LightningModule):
             "train/first_epoch_ratio_dev": ratio_dev,
             "perf/update_tokens": float(tokens),
             "perf/update_pad_frac": 1.0 - tokens / padded if padded else 0.0,
+            **self.engine_mismatch_metrics(x, old_logp, groups),
         }
 
     def _no_grad_sync(self) -> Any:
@@ -691,6 +714,18 @@ def _padded_groups(groups: list[list[int]], model: torch.nn.Module) -> list[list
     """``groups`` without the empty ones, except under a sharded ``model``, where every group is scored (an empty one
     by idle forwards only) so that the ranks' collectives pair up."""
     return groups if is_sharded(model) else [g for g in groups if g]
+
+
+DROPOUT_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether ``model`` drops anything in training mode: a dropout module with p > 0, or a dropout rate in its
+    config (attention kernels read those directly)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(float(getattr(config, key, 0) or 0) > 0 for key in DROPOUT_CONFIG_KEYS)
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
