@@ -12,7 +12,8 @@ only (``eval.every_n_steps`` = ``ckpt.every_n_steps`` = steps), so the steps bef
 long run. With ``--commits A B`` each commit gets a ``git worktree`` (made under ``--worktrees``, or reused when one
 of that commit is there) and runs there with ``PYTHONPATH`` = that worktree and this interpreter (the same
 environment): A first, then B, never at once. ``--overrides`` go to the last side only (the candidate), so each lever
-can be measured against the same base; ``.`` as a commit is this checkout as it is, uncommitted changes included.
+can be measured against the same base, ``--set`` to both (a smaller size, say); ``.`` as a commit is this checkout as
+it is, uncommitted changes included.
 
 Figures per side, from the run's console (each step's wall time, checkpoint included) and its metrics.csv (the
 ``perf/*`` phase timings): step 1 is the warm-up (kernel selection, caches; reported apart); steps 2..N are measured.
@@ -37,6 +38,7 @@ import datetime as dt
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -170,6 +172,9 @@ def run_side(checkout: Path, cmd: list[str], log_path: Path, timeout_s: float) -
                     k = int(m.group(1))
                     steps[k], step_done[k] = float(m.group(3)), time.perf_counter() - start
                     log(f"  step {k}/{m.group(2)}: {float(m.group(3)):.1f} s")
+        except BaseException:  # interrupted (Ctrl-C, or SIGTERM through ``main``): the run goes with the benchmark
+            proc.kill()
+            raise
         finally:
             timer.cancel()
         code = proc.wait()
@@ -207,6 +212,8 @@ def summarize(console: dict[str, Any], rows: list[dict[str, float]], rollouts_pe
         r = by_step.get(k, {})
         wall = console["steps"][k]
         phases = {p: r.get(f"perf/{p}_s", 0.0) for p in PHASES if p != "checkpoint"}
+        if "val/em" in r and "perf/validation_s" not in r:  # a commit that did not time it: the rest of the row's
+            phases["validation"] = max(r.get("perf/step_s", wall) - sum(phases.values()), 0.0)
         # After metrics.csv's row come the memory-credit file (empty here) and the checkpoint save.
         phases["checkpoint"] = max(wall - r.get("perf/step_s", wall), 0.0)
         sampled = r.get("perf/gen_tok_per_s", 0.0) * r.get("perf/generate_s", 0.0)
@@ -353,6 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     add("--commits", nargs=2, metavar=("BASE", "CANDIDATE"), help="two commits side by side ('.': this checkout)")
     add("--overrides", nargs="+", default=[], metavar="KEY=VALUE", help="Hydra overrides of the candidate side")
+    add("--set", nargs="+", default=[], metavar="KEY=VALUE", help="Hydra overrides of both sides (e.g. a size)")
     add("--quick", action="store_true", help="a smoke size: " + " ".join(QUICK))
     add("--worktrees", default=str(Path(tempfile.gettempdir()) / "mempo-rl-bench"), help="the commits' worktrees")
     add("--runs", help="keep each side's run folder and console log here (default: a temporary folder, deleted)")
@@ -363,14 +371,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps = QUICK_STEPS if args.quick else 4
     if args.steps < 3:
         parser.error(f"--steps {args.steps}: at least 3 (a warm-up, a steady step, the validating/checkpoint step)")
-    for o in args.overrides:
-        if "=" not in o:
-            parser.error(f"--overrides {o!r}: each override is KEY=VALUE (Hydra syntax)")
+    for flag, given in (("--overrides", args.overrides), ("--set", args.set)):
+        for o in given:
+            if "=" not in o:
+                parser.error(f"{flag} {o!r}: each override is KEY=VALUE (Hydra syntax)")
     return args
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)  # a killed benchmark kills the run it is timing
     warm_start, warm_kind = resolve_warm_start(args.warm_start)
     commits = args.commits or ["."]
     labels = ["base", "candidate"] if len(commits) == 2 else ["this checkout"]
@@ -382,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for i, (label, commit) in enumerate(zip(labels, commits)):
             checkout, info = worktree(commit, Path(args.worktrees))
-            overrides = args.overrides if i == len(commits) - 1 else []
+            overrides = [*args.set, *(args.overrides if i == len(commits) - 1 else [])]
             run_dir = runs_root / f"{i}-{label.replace(' ', '_')}-{info['short']}"
             cmd = side_command(warm_start, run_dir, args.steps, args.seed, args.quick, overrides)
             log(f"{label}: {info['short']} ({info['subject'][:60]}), {args.steps} steps"
