@@ -13,6 +13,8 @@ contention):
   trl      benchmarks.trl_compare         a single-turn GRPO step: TRL's GRPOTrainer vs mempo, median of 3 timed
                                           steps per side (needs the ``bench`` extra:
                                           ``MEMPO_BENCH=1 bash scripts/setup.sh``)
+  rl       benchmarks.rl_throughput       rollouts per hour of ``+exp=grpo_cpu`` by phase, this checkout (run the
+                                          module itself for two commits side by side: ``--commits A B``)
 Each section records its own ``measured_at`` and ``quick``; a failed section is recorded as ``{"error": ...}``.
 """
 
@@ -34,6 +36,7 @@ SECTIONS = {
     "step": "benchmarks.step_time",
     "logprob": "benchmarks.logprob_memory",
     "trl": "benchmarks.trl_compare",
+    "rl": "benchmarks.rl_throughput",
 }
 # (section, key, target, direction): the targets on this machine (docs/performance.md). trl.ratio is the ratio of the
 # medians of at least MIN_TIMED_STEPS timed steps per side (a section with fewer ``timed_steps`` gets no verdict). A
@@ -98,6 +101,13 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
         "timed_steps",
     ):
         rows.append((f"trl.{key}", _fmt(t.get(key, t.get("error")))))
+    rl = results.get("rl", {})
+    if "error" in rl:
+        rows.append(("rl", rl["error"]))
+    for side in rl.get("sides", []):
+        f = side["figures"]
+        for key in ("rollouts_per_h_steady", "steady_step_s", "gen_tok_per_s", "update_tok_per_s"):
+            rows.append((f"rl.{side['commit']['short']}.{key}", _fmt(f.get(key))))
     return rows
 
 

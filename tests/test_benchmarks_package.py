@@ -264,3 +264,112 @@ def test_plan_vs_measured_recipe_mode_on_the_cpu(tiny_path, tmp_path):
     for label in ("grads + AdamW moments", "weight casts + activations + logits", "trainer side, update phase"):
         assert out.stdout.count(label) == 2, out.stdout
     assert out.stdout.count("parameters built") == 2 and "equal" in out.stdout
+
+
+# ----------------------------------------------------------------------------------------------- rl_throughput
+def rl_rows(walls: list[float], *, val_step: int, val_s: float, ckpt_s: float) -> tuple[dict, list[dict[str, float]]]:
+    """A side's console timings and metrics.csv rows: every step generates 20 s at 10 tok/s and updates 12 s over
+    600 tokens; step ``val_step`` also validates (``val_s``) and, after its metrics row, checkpoints (``ckpt_s``)."""
+    rows = []
+    for k, wall in enumerate(walls, start=1):
+        r = {"step": k, "perf/generate_s": 20.0, "perf/gen_tok_per_s": 10.0, "perf/update_s": 12.0,
+             "perf/update_tokens": 600.0, "perf/push_s": 1.0, "rollout/reward_mean": 0.5}  # fmt: skip
+        if k == val_step:
+            r |= {"perf/validation_s": val_s, "val/em": 0.25}
+        r["perf/step_s"] = wall - (ckpt_s if k == val_step else 0.0)
+        rows.append(r)
+    console = {"steps": dict(enumerate(walls, start=1)), "startup_s": 30.0, "wall_s": 30.0 + sum(walls) + 5.0,
+               "tail_s": 5.0}  # fmt: skip
+    return console, rows
+
+
+def test_rl_throughput_figures_keep_the_warm_up_and_the_validating_step_apart():
+    from benchmarks.rl_throughput import summarize
+
+    console, rows = rl_rows([90.0, 40.0, 44.0, 80.0], val_step=4, val_s=25.0, ckpt_s=7.0)
+    f = summarize(console, rows, rollouts_per_step=32)
+    assert f["warmup_step_s"] == 90.0 and f["steady_steps"] == [2, 3]
+    assert f["steady_step_s"] == 42.0
+    assert abs(f["rollouts_per_h_steady"] - 3600 * 32 / 42.0) < 1e-9
+    assert abs(f["rollouts_per_h_measured"] - 3600 * 32 * 3 / 164.0) < 1e-9  # steps 2-4: 40 + 44 + 80 s
+    assert abs(f["rollouts_per_h_run"] - 3600 * 32 * 4 / (30 + 254 + 5)) < 1e-9  # start-up and export included
+    assert f["gen_tok_per_s"] == 10.0 and f["update_tok_per_s"] == 50.0  # 600 tokens in 12 s
+    assert abs(f["shares"]["validation"] - 25 / 164) < 1e-9 and abs(f["shares"]["checkpoint"] - 7 / 164) < 1e-9
+    assert abs(f["shares"]["generate"] - 60 / 164) < 1e-9
+    other = (40 - 33) + (44 - 33) + (80 - 33 - 25 - 7)  # each step less generate 20, update 12, push 1, val, ckpt
+    assert abs(f["shares"]["other"] - other / 164) < 1e-9
+    assert abs(sum(f["shares"].values()) - 1.0) < 1e-9
+
+
+def test_rl_throughput_reads_validation_of_a_commit_that_did_not_time_it():
+    from benchmarks.rl_throughput import summarize
+
+    console, rows = rl_rows([90.0, 40.0, 44.0, 80.0], val_step=4, val_s=25.0, ckpt_s=7.0)
+    del rows[3]["perf/validation_s"]  # an older commit: only val/em says the step validated
+    f = summarize(console, rows, rollouts_per_step=32)
+    assert f["steps"][3]["phases"]["validation"] == 80.0 - 7.0 - 33.0  # the row's time less every timed phase
+    assert f["steady_steps"] == [2, 3]
+
+
+def test_rl_throughput_parses_the_console_line_rl_progress_prints():
+    from types import SimpleNamespace
+
+    from benchmarks.rl_throughput import STEP_LINE
+    from mempo.models.callbacks import RLProgress
+
+    module = SimpleNamespace(last_metrics={"rollout/reward_mean": 0.5, "rollout/em_mean": 0.25, "val/em": 0.125})
+    line = RLProgress(4).line(SimpleNamespace(), module, 3, 51.84)
+    m = STEP_LINE.search(line)
+    assert m and (m.group(1), m.group(2), float(m.group(3))) == ("3", "4", 51.8)
+
+
+def test_rl_throughput_table_puts_two_sides_and_their_ratio_side_by_side():
+    from benchmarks.rl_throughput import table
+
+    def side(label: str, short: str, rate: float, gap: float | None) -> dict:
+        figs = {"rollouts_per_h_steady": rate, "steady_step_s": 3600 * 32 / rate, "rollout/engine_logp_gap": gap}
+        return {"label": label, "commit": {"short": short}, "figures": figs}
+
+    lines = table([side("base", "5cf6635", 1000.0, None), side("candidate", "abc1234", 2500.0, 0.02)]).splitlines()
+    assert lines[0] == "| figure | base (5cf6635) | candidate (abc1234) | ratio |"
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in lines[2:]}
+    assert rows["rollouts/h (steady)"] == "| rollouts/h (steady) | 1000 | 2500 | 2.50x |"
+    assert rows["steady step s"] == "| steady step s | 115.2 | 46.1 | 0.40x |"
+    assert rows["engine logp gap"] == "| engine logp gap | n/a | 0.0200 |  |"  # the base did not log it
+    assert all(ln.count("|") == 5 for ln in lines)  # no cell breaks the markdown table
+
+
+def test_rl_throughput_command_line_and_arguments():
+    from benchmarks.rl_throughput import QUICK, side_command
+
+    cmd = side_command("/w/hf", Path("/r"), 4, 1, True, ["sampler.dtype=auto"])
+    assert cmd[1:3] == ["experiments/run.py", "+exp=grpo_cpu"]
+    assert {"trainer.max_steps=4", "eval.every_n_steps=4", "ckpt.every_n_steps=4", "seed=1"} <= set(cmd)
+    assert cmd[-1] == "sampler.dtype=auto" and cmd[-1 - len(QUICK) : -1] == QUICK  # the side's own word is last
+    for argv, message in (
+        (["--steps", "2"], "--steps 2: at least 3"),
+        (["--overrides", "sampler.dtype"], "--overrides 'sampler.dtype': each override is KEY=VALUE"),
+        (["--commits", "5cf6635"], "expected 2 arguments"),
+    ):
+        out = python("-m", "benchmarks.rl_throughput", *argv)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_rl_throughput_runs_two_sides_of_a_tiny_recipe(tmp_path):
+    """The real entry point, twice (this checkout on both sides, the candidate with one more key), on the tiny model
+    with HF sampling and a few tokens: the JSON holds both sides' figures and the table their ratio."""
+    size = ["sampler=hf", "model.train_top_layers=2", "sampler.max_new_tokens=8", "agent.max_turns=1",
+            "data.group_size=2", "data.num_val_tasks=1"]  # fmt: skip
+    out = python("-m", "benchmarks.rl_throughput", "--quick", "--warm-start", "tiny", "--commits", ".", ".",
+                 "--set", *size, "--overrides", "sampler.canary_every=1", "--json", str(tmp_path / "r.json"),
+                 timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    base, cand = result["sides"]
+    assert cand["overrides"][-1] == "sampler.canary_every=1" and "sampler.canary_every=1" not in base["overrides"]
+    for s in (base, cand):
+        f = s["figures"]
+        assert f["steady_steps"] == [2] and [st["step"] for st in f["steps"]] == [1, 2, 3]
+        assert f["rollouts_per_h_steady"] > 0 and f["steps"][2]["phases"]["validation"] > 0
+    assert result["machine"]["cpu_kind"] in ("avx512_bf16", "avx2") and "| ratio |" in result["table"]

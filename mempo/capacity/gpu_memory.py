@@ -385,7 +385,8 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
             raise ValueError("config key sampler.enable_sleep_mode=True: vLLM has no sleep mode on CPU")
         max_model_len = min(s.max_model_len, shape.max_position_embeddings or s.max_model_len)
         engine = EngineInputs(
-            dtype_bytes=DTYPE_BYTES[s.dtype],
+            # sampler.dtype=auto: bf16 where the planned trainer runs in bf16 (SamplerConfig.engine_dtype).
+            dtype_bytes=DTYPE_BYTES[s.dtype if s.dtype != "auto" else "bfloat16" if "bf16" in precision else "float32"],
             tensor_parallel_size=s.tensor_parallel_size,
             gpu_memory_utilization=s.gpu_memory_utilization,
             sleep=bool(s.enable_sleep_mode),

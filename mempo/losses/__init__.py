@@ -41,7 +41,7 @@ from .advantages import (
     trajectory_advantages,
 )
 from .aggregate import AGG_MODES, aggregate, loss_weights
-from .objective import LossConfig, policy_objective
+from .objective import LossConfig, engine_mismatch, policy_objective, tis_weights
 from .surrogate import KL_KINDS, clipped_surrogate, kl_penalty
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "MemoryConfig",
     "LossConfig",
     "aggregate",
+    "engine_mismatch",
     "answer_probability",
     "clipped_surrogate",
     "compute_advantages",
@@ -71,6 +72,7 @@ __all__ = [
     "per_objective_answer_probability",
     "policy_objective",
     "register_advantage",
+    "tis_weights",
     "token_advantages",
     "trajectory_advantages",
 ]

@@ -65,15 +65,15 @@ def policy_objective(
     micro-batch; default: computed on this batch).
     sampler_logp: [N, T] log-probs of the engine that sampled the tokens; with ``config.tis_cap`` the loss is
     reweighted by min(exp(old_logp - sampler_logp), tis_cap) (truncated importance sampling).
-    -> (scalar loss, {"pg_loss", "kl", "clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "adv_mean",
-    "adv_std"}).
+    -> (scalar loss, {"pg_loss", "kl", "clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean",
+    "ratio_dev_max", "adv_mean", "adv_std"}).
     """
     if weights is None:
         weights = loss_weights(response_mask, config.agg, traj_ids=traj_ids)
     weights = weights.to(logp.dtype)  # [N, T]
     is_weights = None
     if config.tis_cap is not None and sampler_logp is not None:
-        is_weights = torch.exp(old_logp - sampler_logp).clamp(max=config.tis_cap).detach()
+        is_weights = tis_weights(old_logp, sampler_logp, config.tis_cap).detach()
     pg_tok, stats = clipped_surrogate(
         logp, old_logp, adv, response_mask, eps_low=config.eps_low, eps_high=config.eps_high, is_weights=is_weights
     )
@@ -95,3 +95,25 @@ def policy_objective(
         adv_var = (((adv - adv_mean) * m) ** 2).sum() / n
     metrics = {"pg_loss": pg_loss.detach(), "kl": kl_metric, **stats, "adv_mean": adv_mean, "adv_std": adv_var.sqrt()}
     return loss, metrics
+
+
+def tis_weights(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> Tensor:
+    """[N, T] truncated importance weights min(pi_old / pi_sampler, cap) = min(exp(old_logp - sampler_logp), cap)."""
+    return torch.exp(old_logp - sampler_logp).clamp(max=cap)
+
+
+def engine_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, tis_cap: float | None) -> dict[str, Tensor]:
+    """How far the engine that sampled the tokens is from the trainer's old policy, over the tokens of ``mask``
+    ([N, T], e.g. the response tokens of the rows the update computes); old_logp, sampler_logp [N, T].
+
+    -> {"logp_gap": mean |old_logp - sampler_logp|, "tis_clip_frac": the share of those tokens whose importance
+    weight pi_old / pi_sampler exceeds ``tis_cap`` (truncated there; 0 without a cap)}. Both are exactly 0 when the
+    old log-probs are the engine's own (``optim.old_logp=sampler``)."""
+    m = mask.bool()
+    n = m.sum().clamp(min=1).to(torch.float32)
+    diff = (old_logp.float() - sampler_logp.float())[m]
+    gap = diff.abs().sum() / n
+    clipped = torch.zeros((), dtype=torch.float32, device=old_logp.device)
+    if tis_cap is not None:
+        clipped = (torch.exp(diff) > tis_cap).sum() / n
+    return {"logp_gap": gap, "tis_clip_frac": clipped}

@@ -23,7 +23,8 @@ def clipped_surrogate(
     logp: [N, T] (gets gradient); old_logp, adv: [N, T] (detached here); mask: [N, T] tokens that carry loss.
     is_weights: optional [N, T] detached importance weights pi_old / pi_sampler (truncated IS when the sampler's
     log-probs are not the trainer's), multiplied into the loss.
-    -> (loss [N, T], zero outside ``mask``; detached stats: clip_frac, clip_frac_low, clip_frac_high, ratio_mean).
+    -> (loss [N, T], zero outside ``mask``; detached stats: clip_frac, clip_frac_low, clip_frac_high, ratio_mean,
+    ratio_dev_max = the largest |r - 1| over ``mask``).
     """
     old_logp, adv = old_logp.detach(), adv.detach()
     m = mask.to(logp.dtype)
@@ -44,6 +45,7 @@ def clipped_surrogate(
             "clip_frac_low": low.sum() / n,
             "clip_frac_high": high.sum() / n,
             "ratio_mean": (ratio * m).sum() / n,
+            "ratio_dev_max": ((ratio - 1.0).abs() * m).amax() if m.numel() else torch.zeros((), dtype=m.dtype),
         }
     return loss, stats
 

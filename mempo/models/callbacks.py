@@ -39,7 +39,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from mempo.core.base import temp_sibling, write_csv
+from mempo.core.base import temp_sibling, timed, write_csv
 from mempo.core.console import progress, say
 from mempo.core.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
@@ -392,8 +392,9 @@ class MemoryCreditFile(L.Callback):
 
 class ValidationCallback(L.Callback):
     """Every ``every_n_steps`` RL steps: one greedy rollout per task of a fixed val set through the module's own
-    sampler (after SamplerCallback pushed the new weights), logged as val/em, val/f1, val/tt, val/pt, ... and
-    merged into ``pl_module.last_metrics`` (so MetricsFile writes them; place this callback before it)."""
+    sampler (after SamplerCallback pushed the new weights), logged as val/em, val/f1, val/tt, val/pt, ... and its
+    wall time as perf/validation_s, merged into ``pl_module.last_metrics`` (so MetricsFile writes them; place this
+    callback before it)."""
 
     def __init__(self, tasks: Sequence[Task], every_n_steps: int, *, reward_kind: str = "all_em") -> None:
         if every_n_steps < 1:
@@ -410,17 +411,20 @@ class ValidationCallback(L.Callback):
         step = int(getattr(pl_module, "batches_done", trainer.global_step))
         if step % self.every_n_steps != 0:
             return
-        metrics, _ = evaluate_agent(
-            pl_module.sampler,
-            pl_module.env,
-            self.tasks,
-            pl_module.builder,
-            pl_module.agent,
-            sampling=pl_module.sampling,
-            include_tags=pl_module.memory_cfg.include_tags,
-            reward_kind=self.reward_kind,
-            greedy=True,
-        )
+        timings: dict[str, float] = {}
+        with timed(timings, "validation"):
+            metrics, _ = evaluate_agent(
+                pl_module.sampler,
+                pl_module.env,
+                self.tasks,
+                pl_module.builder,
+                pl_module.agent,
+                sampling=pl_module.sampling,
+                include_tags=pl_module.memory_cfg.include_tags,
+                reward_kind=self.reward_kind,
+                greedy=True,
+            )
+        metrics["perf/validation_s"] = timings["validation"]
         pl_module.last_metrics.update(metrics)
         pl_module.log_dict(metrics, on_step=True, batch_size=len(self.tasks))
 

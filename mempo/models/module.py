@@ -45,6 +45,7 @@ from mempo.losses import (
     LossConfig,
     MemoryConfig,
     compute_advantages,
+    engine_mismatch,
     loss_weights,
     memory_advantages,
     memory_rewards,
@@ -94,6 +95,9 @@ class OptimConfig:
     skip_zero_adv_rows: with kl_coef = 0, turn samples whose advantage is 0 on every response token (each adds exactly
     nothing to the gradient) are left out of the update and of the recomputed old log-probs (``update_rows``); a
     rank left with no row takes one zero-weighted backward (``_row_batches``).
+    fuse_old_logp: with old_logp=recompute and ppo_epochs = 1, the old log-probs are the update's own forward,
+    detached, instead of a separate no-grad forward over the same micro-batches: the same numbers (the forward is the
+    same computation; tests/models/module/test_engine_mismatch.py holds the weights bit-identical), one forward less.
     """
 
     lr: float = 1e-6
@@ -106,6 +110,7 @@ class OptimConfig:
     max_nonfinite: int = 3
     skip_no_signal: bool = True
     skip_zero_adv_rows: bool = True
+    fuse_old_logp: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -313,6 +318,9 @@ class MemPOModule(L.LightningModule):
         """One MemPO step (the module docstring's flow); ``timings`` feed the perf/*_s metrics."""
         timings: dict[str, float] = {}
         self.last_task_ids = [t.task_id for t in batch]
+        prefix_counts = getattr(self.sampler, "prefix_cache_counts", None)  # VLLMSampler's prefix-cache counters
+        if prefix_counts is not None:
+            prefix_counts()  # restart them: validation and the canary since the last step are not this rollout
         with timed(timings, "generate"):
             self.policy.eval()
             rollouts = self.rollout(batch)  # G rollouts per task, R^T set
@@ -322,6 +330,7 @@ class MemPOModule(L.LightningModule):
             with timed(timings, "redraw"):
                 draw, dynamic = self._fill_groups(draw, len(batch))
             self.last_task_ids = list(dict.fromkeys(t.task.task_id for t in draw.rollouts.trajectories))
+        counts = prefix_counts() if prefix_counts is not None else None
         self.sampler.sleep()  # frees the accelerator for the update where the engine supports it (no-op on CPU)
         rollouts, x, adv, mem_r, mem_valid, p_mem = (
             draw.rollouts, draw.x, draw.adv, draw.mem_r, draw.mem_valid, draw.p_mem
@@ -333,6 +342,10 @@ class MemPOModule(L.LightningModule):
         with timed(timings, "update"):
             update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
         update["train/rows_updated"] = float(sum(len(g) for g in groups)) if signal else 0.0
+        if counts is not None:
+            queries, hits = counts
+            update["perf/prompt_tokens"] = float(queries)
+            update["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
         self.batches_done += 1
         if self.scores_memories:
             credit = self.memory_credit(rollouts, x, adv, mem_r, mem_valid, p_mem)
@@ -417,6 +430,20 @@ class MemPOModule(L.LightningModule):
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=n_tasks)
         self.log("train/reward", metrics["rollout/reward_mean"], prog_bar=True, batch_size=n_tasks)
 
+    def engine_mismatch_metrics(
+        self, x: TurnBatch, old_logp: torch.Tensor, groups: list[list[int]]
+    ) -> dict[str, float]:
+        """``rollout/engine_logp_gap``: the mean |old log-prob - the engine's log-prob| of the sampled tokens of the
+        rows the update computes; ``train/tis_clip_frac``: the share of those tokens whose truncated importance
+        weight pi_old / pi_engine is cut at ``loss.tis_cap``. Both 0 exactly when the old log-probs are the
+        engine's (``optim.old_logp=sampler``, a float32 engine); with a bf16 engine they say how far it samples from
+        the policy the update corrects towards."""
+        rows = [i for g in groups for i in g]
+        mask = torch.zeros_like(x.response_mask)
+        mask[rows] = x.response_mask[rows]
+        m = engine_mismatch(old_logp, x.sampler_logp, mask, self.loss_cfg.tis_cap)
+        return {"rollout/engine_logp_gap": float(m["logp_gap"]), "train/tis_clip_frac": float(m["tis_clip_frac"])}
+
     def update_rows(self, adv: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
         """The turn samples the update computes, in groups micro-batched apart: with a KL term every row (one group,
         every row has a gradient); without, the rows with a nonzero advantage on some response token, then (unless
@@ -448,9 +475,19 @@ class MemPOModule(L.LightningModule):
     def _world_size(self) -> int:
         return int(getattr(self.trainer.strategy, "world_size", 1)) if self._trainer is not None else 1
 
-    def _old_and_ref_logp(self, x: TurnBatch, groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Old log-probs (the sampler's, or a no-grad recompute over the rows the update computes, group by group)
-        and reference log-probs (only with a KL term, which computes every row)."""
+    @property
+    def fuses_old_logp(self) -> bool:
+        """Whether the update's own first forward gives the old log-probs (``OptimConfig.fuse_old_logp``): not for a
+        policy that trains with dropout (a LoRA adapter's), whose training forward is not the no-grad one."""
+        o = self.optim_cfg
+        return o.old_logp == "recompute" and o.ppo_epochs == 1 and o.fuse_old_logp and not _has_dropout(self.policy)
+
+    def _old_and_ref_logp(
+        self, x: TurnBatch, groups: list[list[int]]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Old log-probs (the sampler's, a no-grad recompute over the rows the update computes, group by group, or
+        None when the update computes them itself, ``fuses_old_logp``) and reference log-probs (only with a KL term,
+        which computes every row)."""
 
         # Only response tokens are scored: the loss and the KL never read a prompt position's log-prob.
         def score(model: torch.nn.Module) -> torch.Tensor:
@@ -467,7 +504,9 @@ class MemPOModule(L.LightningModule):
             return out
 
         old_logp = x.sampler_logp
-        if self.optim_cfg.old_logp == "recompute":
+        if self.fuses_old_logp:
+            old_logp = None
+        elif self.optim_cfg.old_logp == "recompute":
             old_logp = score(self.policy)
         ref_logp = None
         if self.loss_cfg.kl_coef > 0:
@@ -510,16 +549,22 @@ class MemPOModule(L.LightningModule):
             "train/lr": float(opt.param_groups[0]["lr"]),
             "train/skipped_steps": 0.0,
             "train/no_signal": 1.0,
+            "train/first_epoch_ratio_dev": 0.0,
+            "perf/update_tokens": 0.0,
+            "perf/update_pad_frac": 0.0,
         }
 
     def _update(
         self,
         x: TurnBatch,
         adv: torch.Tensor,
-        old_logp: torch.Tensor,
+        old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
         groups: list[list[int]],
     ) -> dict[str, float]:
+        """``ppo_epochs`` passes over the rows of ``groups`` (Eq. 10) -> the step's train/* and perf/update_* metrics,
+        with the engine's mismatch to the old log-probs (``engine_mismatch_metrics``). ``old_logp`` None: the first
+        (only) pass's forward, detached, is the old log-probs (``fuses_old_logp``)."""
         opt = self.optimizers()
         sched = self.lr_schedulers()
         self.policy.train()
@@ -530,7 +575,12 @@ class MemPOModule(L.LightningModule):
         sums: dict[str, float] = {}
         skipped = 0
         grad_norm = 0.0
-        for _ in range(self.optim_cfg.ppo_epochs):
+        ratio_dev = 0.0  # the first epoch's largest |new / old - 1|: 0 when the old log-probs are this forward's
+        tokens, padded = 0, 0  # the first epoch's real tokens and the positions its micro-batches compute
+        fused = old_logp is None
+        if fused:
+            old_logp = torch.zeros(x.input_ids.shape, dtype=torch.float32)  # filled by the pass below
+        for epoch in range(self.optim_cfg.ppo_epochs):
             loss_total = 0.0
             # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
             micro_batches, idle = self._row_batches(lengths, groups)
@@ -552,6 +602,8 @@ class MemPOModule(L.LightningModule):
                     score_mask=mb(x.response_mask),
                     temperature=self.logp_temperature,
                 )
+                if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
+                    old_logp[sl] = logp.detach().float().cpu()
                 loss, m = policy_objective(
                     logp,
                     mb(old_logp),
@@ -568,6 +620,10 @@ class MemPOModule(L.LightningModule):
                 with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
+                if epoch == 0:
+                    ratio_dev = max(ratio_dev, float(m["ratio_dev_max"]))
+                    tokens += int(sum(lengths[i] for i in idx))
+                    padded += len(idx) * t_len
                 share = float(mb(x.response_mask).sum()) / computed_tokens
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
@@ -601,6 +657,10 @@ class MemPOModule(L.LightningModule):
             "train/lr": float(opt.param_groups[0]["lr"]),
             "train/skipped_steps": float(skipped),
             "train/no_signal": 0.0,
+            "train/first_epoch_ratio_dev": ratio_dev,
+            "perf/update_tokens": float(tokens),
+            "perf/update_pad_frac": 1.0 - tokens / padded if padded else 0.0,
+            **self.engine_mismatch_metrics(x, old_logp, groups),
         }
 
     def _no_grad_sync(self) -> Any:
@@ -659,6 +719,18 @@ def _padded_groups(groups: list[list[int]], model: torch.nn.Module) -> list[list
     """``groups`` without the empty ones, except under a sharded ``model``, where every group is scored (an empty one
     by idle forwards only) so that the ranks' collectives pair up."""
     return groups if is_sharded(model) else [g for g in groups if g]
+
+
+DROPOUT_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether ``model`` drops anything in training mode: a dropout module with p > 0, or a dropout rate in its
+    config (attention kernels read those directly)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(float(getattr(config, key, 0) or 0) > 0 for key in DROPOUT_CONFIG_KEYS)
 
 
 def _mem_adv_std(adv: torch.Tensor, mem_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,17 @@ from mempo.core.base import one_of, require
 
 SAMPLER_BACKENDS = ("vllm", "hf")
 LOGPROB_READINGS = ("tempered", "raw")
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# sampler.enforce_eager=auto compiles the engine for RL runs of at least this many steps. vLLM-CPU's compiled mode
+# starts 50-100 s later and generates about 20% faster (SamplerConfig); at 27-38 s of generation a step on a 2-core
+# CPU (docs/performance.md) that is 5-8 s saved a step, repaid after 7-20 steps: 40 leaves the start-up under half
+# of what a run saves.
+COMPILE_MIN_STEPS = 40
+# sampler.canary_tol=null: the weight canary's tolerance for the engine's dtype. A float32 engine agrees with the
+# trainer's float32 forward to about 2e-5 nats a token; a bf16 one differs by 0.02-0.03 (environment.md, and
+# exp/mempo.yaml's 0.1).
+CANARY_TOL_FLOAT32 = 1e-3
+CANARY_TOL_LOW_PRECISION = 0.1
 
 
 @dataclass(frozen=True)
@@ -27,8 +38,16 @@ class SamplerConfig:
 
     backend: vllm (an engine over the policy's folder) | hf (generate with the policy itself).
     dtype: the engine's dtype; float32 makes its log-probs exact old log-probs (to about 2e-5 nats on vLLM-CPU:
-    tests/rollout/test_vllm_sampler.py).
-    enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s.
+    tests/rollout/test_vllm_sampler.py); auto: bfloat16 where
+    the trainer runs in bf16 (GPUs, CPUs with native bf16: ``trainer.precision=auto``), else float32
+    (``engine_dtype``). A bf16 engine's log-probs are not the trainer's: ``optim.old_logp=auto`` then recomputes the
+    old log-probs and ``loss.tis_cap`` corrects for the engine/trainer mismatch.
+    enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s; auto: compiled for RL runs of at least
+    ``COMPILE_MIN_STEPS`` steps (``trainer.max_steps``), eager otherwise and for evaluation (``engine_eager``).
+    block_size: the engine's KV block in tokens (null: vLLM's default, 128 on CPU, 16 on CUDA). The prefix cache
+    reuses whole blocks only: a memory agent's prompts share the system text and the question (113-124 tokens with
+    SmolLM2's template), less than one 128-token block, so at the CPU default no later turn reuses any of it; 32
+    caches 96 of them.
     sync_every: push weights into the engine every k optimizer steps.
     push_mode: in_process (the trainer's tensors straight into the engine's worker) | disk (a safetensors file the
     engine reloads: for engines whose worker is not in this process, e.g. tensor_parallel_size > 1).
@@ -39,7 +58,8 @@ class SamplerConfig:
     validation, the canary) and memory scoring are untempered either way.
     canary_every / canary_tol / canary_tokens: after every k-th push (0 = off) the engine greedily generates
     ``canary_tokens`` tokens of a probe that the trainer scores; a mean absolute log-prob difference above
-    ``canary_tol`` (nats per token) stops the run.
+    ``canary_tol`` (nats per token) stops the run; null: ``CANARY_TOL_FLOAT32`` for a float32 engine,
+    ``CANARY_TOL_LOW_PRECISION`` for a bf16 or fp16 one (``canary_tolerance``).
     """
 
     backend: str = "vllm"
@@ -47,7 +67,8 @@ class SamplerConfig:
     top_p: float = 1.0
     max_new_tokens: int = 96
     dtype: str = "float32"
-    enforce_eager: bool = True
+    enforce_eager: bool | str = True
+    block_size: int | None = None
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: int = 4096
@@ -57,12 +78,15 @@ class SamplerConfig:
     push_mode: str = "in_process"
     logprobs: str = "tempered"
     canary_every: int = 1
-    canary_tol: float = 1e-3
+    canary_tol: float | None = None
     canary_tokens: int = 8
 
     def __post_init__(self) -> None:
         checks = [
             ("backend", self.backend in SAMPLER_BACKENDS, one_of(SAMPLER_BACKENDS)),
+            ("dtype", self.dtype in ENGINE_DTYPES, one_of(ENGINE_DTYPES)),
+            ("enforce_eager", self.enforce_eager in (True, False, "auto"), "must be true, false or auto"),
+            ("block_size", self.block_size is None or self.block_size >= 1, "must be >= 1 or null"),
             ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
@@ -79,7 +103,7 @@ class SamplerConfig:
                 "trainer's do not); set sampler.logprobs=raw to sample with top_p < 1",
             ),
             ("canary_every", self.canary_every >= 0, "must be >= 0 (0 = off)"),
-            ("canary_tol", self.canary_tol > 0, "must be > 0"),
+            ("canary_tol", self.canary_tol is None or self.canary_tol > 0, "must be > 0 or null"),
             ("canary_tokens", self.canary_tokens >= 1, "must be >= 1"),
         ]
         require("sampler", self, checks)
@@ -88,6 +112,26 @@ class SamplerConfig:
     def logp_temperature(self) -> float:
         """The temperature the trainer divides the logits by for the log-probs of sampled tokens (1: raw)."""
         return self.temperature if self.logprobs == "tempered" and self.temperature > 0 else 1.0
+
+    def engine_dtype(self, *, bf16: bool) -> str:
+        """The engine's dtype: ``dtype``, ``auto`` resolved by whether the trainer runs in bf16 (``bf16``)."""
+        if self.dtype == "auto":
+            return "bfloat16" if bf16 else "float32"
+        return self.dtype
+
+    def engine_eager(self, rl_steps: int | None) -> bool:
+        """Whether the engine runs eager: ``enforce_eager``, ``auto`` resolved by the RL run's length ``rl_steps``
+        (compiled from ``COMPILE_MIN_STEPS`` on; None, an evaluation engine: eager)."""
+        if self.enforce_eager == "auto":
+            return rl_steps is None or rl_steps < COMPILE_MIN_STEPS
+        return bool(self.enforce_eager)
+
+    def canary_tolerance(self, engine_dtype: str) -> float:
+        """The weight canary's tolerance for an engine in ``engine_dtype``: ``canary_tol``, or when null the
+        dtype's (``CANARY_TOL_FLOAT32``, ``CANARY_TOL_LOW_PRECISION``)."""
+        if self.canary_tol is not None:
+            return self.canary_tol
+        return CANARY_TOL_FLOAT32 if engine_dtype == "float32" else CANARY_TOL_LOW_PRECISION
 
     def sampling(self, *, seed: int | None, greedy: bool = False) -> SamplingConfig:
         """One call's parameters: this group's temperature and top_p, or greedy decoding."""

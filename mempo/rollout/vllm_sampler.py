@@ -76,7 +76,8 @@ class VLLMSampler:
     enable_sleep_mode: None = on for CUDA, off for CPU (vLLM-CPU has no sleep mode).
     kv_cache_space_gb: CPU KV cache GiB, exported as VLLM_CPU_KVCACHE_SPACE; None: the environment's, else 2.
     seed: engine seed; per-call seeds come from ``SamplingConfig.seed``.
-    enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs).
+    enable_prefix_caching: reuse KV of shared prompt prefixes (G rollouts of one question share theirs), in whole
+    blocks of ``block_size`` tokens (None: vLLM's default, 128 on CPU); ``prefix_cache_counts`` reads how much.
     use_tqdm_on_load: vLLM's progress bar while it loads the checkpoint's shards.
     push_mode: in_process (the trainer's tensors straight into the worker) | disk (through a safetensors file).
     logprobs: raw | tempered (the module docstring).
@@ -97,6 +98,7 @@ class VLLMSampler:
         kv_cache_space_gb: int | None = None,
         seed: int = 0,
         enable_prefix_caching: bool = True,
+        block_size: int | None = None,
         cache_dir: str | Path | None = None,
         use_tqdm_on_load: bool = True,
         push_mode: str = "in_process",
@@ -148,6 +150,8 @@ class VLLMSampler:
         if not on_cuda:
             budget = max(max_model_len or int(context or 0), CPU_MIN_BATCHED_TOKENS)
             scheduling = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+        if block_size is not None:
+            scheduling["block_size"] = block_size
         launch, launch_env = colocated_launch(on_cuda)
         device = torch.cuda.current_device() if on_cuda else None
         with _modules_hidden_from_vllm_scan(), environment(launch_env):
@@ -175,6 +179,15 @@ class VLLMSampler:
         # vLLM froze every object alive at start-up out of the cyclic GC; in a training process that would
         # keep dropped models and optimizers alive for good.
         gc.unfreeze()
+        self._kv_manager = _counting_kv_manager(self.llm)
+
+    def prefix_cache_counts(self) -> tuple[int, int] | None:
+        """(prompt tokens the engine was asked for, how many of them its prefix cache served) since the last call,
+        then both counts start again; None when the engine's scheduler is not reachable in this process."""
+        if self._kv_manager is None or getattr(self, "llm", None) is None:
+            return None
+        stats = self._kv_manager.make_prefix_cache_stats()
+        return (int(stats.queries), int(stats.hits)) if stats is not None else None
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Generation]]:
         """prompts: B lists of prompt token ids -> [B][params.n] generations."""
@@ -282,6 +295,30 @@ class VLLMSampler:
             self._push_dir = Path(tempfile.mkdtemp(prefix="mempo-push-"))
         save_file({k: v.cpu().contiguous() for k, v in items}, str(self._push_dir / "model.safetensors"))
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._push_dir)})
+
+
+# The in-process engine's scheduler, whose KV cache manager counts prefix-cache queries and hits (vLLM counts them only
+# when the engine logs stats, which an offline ``vllm.LLM`` does not): private attributes, read for a metric only.
+SCHEDULER_CHAIN = ("llm_engine", "engine_core", "engine_core", "scheduler", "kv_cache_manager")
+
+
+def _counting_kv_manager(llm: Any) -> Any:
+    """The engine's KV cache manager with its prefix-cache counters switched on (counters only: scheduling and
+    sampling are untouched), or None when ``SCHEDULER_CHAIN`` does not reach one (another vLLM release, a worker in
+    another process)."""
+    obj = llm
+    for name in SCHEDULER_CHAIN:
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    if not callable(getattr(obj, "make_prefix_cache_stats", None)):
+        return None
+    from vllm.v1.metrics.stats import PrefixCacheStats
+
+    if obj.prefix_cache_stats is None:
+        obj.prefix_cache_stats = PrefixCacheStats()
+    obj.log_stats = True
+    return obj
 
 
 def colocated_launch(on_cuda: bool) -> tuple[dict[str, str], dict[str, str]]:

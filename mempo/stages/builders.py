@@ -28,6 +28,7 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import make_retriever
 from mempo.rollout.rewards import normalize_answer
 from mempo.rollout.sampler import Sampler, SamplerConfig
+from mempo.stages.config import resolve_precision
 
 
 def run_path(cfg: DictConfig, *parts: str) -> Path:
@@ -204,13 +205,23 @@ def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:
     return PromptBuilder(tokenizer, build_tags(cfg))
 
 
+def trains_in_bf16(cfg: DictConfig) -> bool:
+    """Whether the trainer runs in bf16 (``trainer.precision``, ``auto`` resolved for this machine)."""
+    return resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
+
+
+def sampler_dtype(cfg: DictConfig) -> str:
+    """The RL engine's dtype: ``sampler.dtype``, ``auto`` resolved by whether the trainer runs in bf16."""
+    return group(cfg, "sampler").engine_dtype(bf16=trains_in_bf16(cfg))
+
+
 def resolve_old_logp(cfg: DictConfig) -> str:
     """``optim.old_logp=auto``: the sampler's log-probs when they are exact, i.e. the engine samples in float32
-    (vLLM's ``sampler.dtype``; HF sampling runs the policy itself, in ``model.dtype``); otherwise a trainer forward
-    recomputes them and ``loss.tis_cap`` corrects for the engine/trainer mismatch."""
+    (vLLM's ``sampler.dtype``, ``auto`` resolved; HF sampling runs the policy itself, in ``model.dtype``); otherwise a
+    trainer forward recomputes them and ``loss.tis_cap`` corrects for the engine/trainer mismatch."""
     if cfg.optim.old_logp != "auto":
         return cfg.optim.old_logp
-    dtype = cfg.model.dtype if cfg.sampler.backend == "hf" else cfg.sampler.dtype
+    dtype = cfg.model.dtype if cfg.sampler.backend == "hf" else sampler_dtype(cfg)
     return "sampler" if dtype == "float32" else "recompute"
 
 
@@ -226,9 +237,11 @@ def build_sampler(
     *,
     dtype: str | None = None,
     logprobs: str | None = None,
+    rl_steps: int | None = None,
 ) -> Sampler:
-    """``sampler.backend``: vllm (an engine over the policy's folder, in ``dtype``, default sampler.dtype) or hf
-    (generate with the policy itself); its log-probs ``logprobs``, default sampler.logprobs."""
+    """``sampler.backend``: vllm (an engine over the policy's folder, in ``dtype``, default sampler.dtype with
+    ``auto`` resolved) or hf (generate with the policy itself); its log-probs ``logprobs``, default sampler.logprobs.
+    rl_steps: the RL run's length, which ``sampler.enforce_eager=auto`` reads (None: not an RL run, eager)."""
     s: SamplerConfig = group(cfg, "sampler")
     logprobs = logprobs or s.logprobs
     if s.backend == "hf":
@@ -239,13 +252,14 @@ def build_sampler(
 
     return VLLMSampler(
         str(model_path),
-        dtype=dtype or s.dtype,
-        enforce_eager=s.enforce_eager,
+        dtype=dtype or sampler_dtype(cfg),
+        enforce_eager=s.engine_eager(rl_steps),
         tensor_parallel_size=s.tensor_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_model_len=s.max_model_len,
         enable_sleep_mode=s.enable_sleep_mode,
         kv_cache_space_gb=s.kv_cache_space_gb,
+        block_size=s.block_size,
         seed=cfg.seed,
         push_mode=s.push_mode,
         logprobs=logprobs,

@@ -47,6 +47,7 @@ from mempo.stages.builders import (
     build_tasks,
     group,
     run_path,
+    sampler_dtype,
     synthetic_world,
 )
 from mempo.stages.config import check_paths, require_teacher, resolve_precision
@@ -203,15 +204,16 @@ def fit_rl(
     if make_sampler is None:
 
         def make_sampler(mod: Any) -> Any:
-            return build_sampler(cfg, model_path, mod.policy, mod.tokenizer)
+            return build_sampler(cfg, model_path, mod.policy, mod.tokenizer, rl_steps=cfg.trainer.max_steps)
 
-    s = cfg.sampler
+    s = group(cfg, "sampler")
+    engine_dtype = cfg.model.dtype if s.backend == "hf" else sampler_dtype(cfg)
     hooks: list[Any] = [
         SamplerCallback(
             make_sampler,
             sync_every=s.sync_every,
             canary_every=s.canary_every,
-            canary_tol=s.canary_tol,
+            canary_tol=s.canary_tolerance(engine_dtype),
             canary_tokens=s.canary_tokens,
         )
     ]

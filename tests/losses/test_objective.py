@@ -1,8 +1,20 @@
+import math
+
 import pytest
 import torch
 from torch.testing import assert_close
 
-from mempo.losses import AGG_MODES, KL_KINDS, LossConfig, aggregate, clipped_surrogate, kl_penalty, policy_objective
+from mempo.losses import (
+    AGG_MODES,
+    KL_KINDS,
+    LossConfig,
+    aggregate,
+    clipped_surrogate,
+    engine_mismatch,
+    kl_penalty,
+    policy_objective,
+    tis_weights,
+)
 from mempo.losses.aggregate import loss_weights
 
 
@@ -155,6 +167,30 @@ def test_truncated_importance_sampling_weights():
     cfg = LossConfig(kl_coef=0.0, agg="token_mean", tis_cap=1.5)
     loss, _ = policy_objective(logp, old, adv, mask, cfg, sampler_logp=sampler)
     assert_close(loss, torch.tensor(-(1.5 + 0.5 + 1.0) / 3))
+
+
+def test_the_largest_ratio_deviation_is_over_the_masked_tokens():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 9.0]]))  # the 9.0 is masked out
+    _, stats = clipped_surrogate(logp, torch.zeros(1, 4), torch.ones(1, 4), torch.tensor([[1, 1, 1, 0]]).bool())
+    assert_close(stats["ratio_dev_max"], torch.tensor(0.5))  # |0.5 - 1| beats |1.5 - 1| = 0.5 and |1.1 - 1|
+    _, same = clipped_surrogate(logp, logp.clone(), torch.ones(1, 4), torch.ones(1, 4).bool())
+    assert same["ratio_dev_max"].item() == 0.0  # new and old log-probs from the same forward: exactly 1
+
+
+def test_engine_mismatch_hand_computed():
+    """Known engine and trainer log-probs of a tiny batch: the gap is the mean absolute difference over the masked
+    tokens, the clipped share counts the tokens whose pi_old / pi_engine exceeds the cap."""
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.2, 0.9, 0.1, 0.3]]))
+    engine = torch.log(torch.tensor([[0.2, 0.5, 0.4, 0.9], [0.2, 0.3, 0.1, 0.01]]))
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 0]], dtype=torch.bool)  # 5 tokens: ratios 2.5, 1, 1.25, 3, 1
+    out = engine_mismatch(old, engine, mask, tis_cap=2.0)
+    gaps = [abs(math.log(2.5)), 0.0, abs(math.log(1.25)), abs(math.log(3.0)), 0.0]
+    assert_close(out["logp_gap"], torch.tensor(sum(gaps) / 5))
+    assert_close(out["tis_clip_frac"], torch.tensor(2 / 5))  # 2.5 and 3 exceed 2; the masked-out 30 does not count
+    assert engine_mismatch(old, engine, mask, tis_cap=None)["tis_clip_frac"].item() == 0.0
+    same = engine_mismatch(engine, engine, mask, tis_cap=2.0)  # old log-probs that are the engine's own
+    assert same["logp_gap"].item() == 0.0 and same["tis_clip_frac"].item() == 0.0
+    assert_close(tis_weights(old, engine, 2.0)[0], torch.tensor([2.0, 1.0, 1.25, 0.5 / 0.9]))
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def test_the_update_is_on_policy_at_temperature_0_7(make_cfg, tiny_path: Path, t
     cfg = make_cfg(
         f"model.name_or_path={tiny_path}", f"sampler={backend}", "sampler.kv_cache_space_gb=1",
         f"sampler.temperature={T}", "sampler.max_new_tokens=12", "trainer.precision=32-true",
-        f"optim.old_logp={old_logp}", "optim.lr=1e-3",
+        f"optim.old_logp={old_logp}", "optim.fuse_old_logp=false", "optim.lr=1e-3",  # a separate recompute's reading
         "advantage.estimator=test_signed", "agent.max_turns=2", "data.batch_size=2", "data.group_size=2",
         "trainer.max_steps=1", "ckpt.every_n_steps=5", "eval.every_n_steps=0", f"run_dir={tmp_path}",
     )  # fmt: skip
