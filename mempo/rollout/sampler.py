@@ -26,8 +26,8 @@ ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # of what a run saves.
 COMPILE_MIN_STEPS = 40
 # sampler.canary_tol=null: the weight canary's tolerance for the engine's dtype. A float32 engine agrees with the
-# trainer's float32 forward to about 2e-5 nats a token; a bf16 one differs by 0.02-0.03 (tests/rollout/test_vllm_sampler.py, and
-# exp/mempo.yaml's 0.1).
+# trainer's float32 forward to about 2e-5 nats a token; a bf16 one differs by 0.02-0.03
+# (tests/rollout/test_vllm_sampler.py, and exp/mempo.yaml's 0.1).
 CANARY_TOL_FLOAT32 = 1e-3
 CANARY_TOL_LOW_PRECISION = 0.1
 
