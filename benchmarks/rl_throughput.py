@@ -283,10 +283,10 @@ def figures(steps: list[dict[str, Any]], console: dict[str, Any], rollouts_per_s
         "steps": steps,
     }
     out["shares"]["other"] = sum(s["other_s"] for s in measured) / wall if wall else None
-    for key in ("rollout/engine_logp_gap", "train/tis_clip_frac", "rollout/prefix_cache_hit_rate",
-                "perf/update_pad_frac"):  # fmt: skip
-        values = [s["extra"][key] for s in measured if key in s["extra"]]
-        out[key] = _mean(values)
+    updated = [s for s in measured if s["update_tokens"]]  # a step without signal has no update to pad
+    for key, over in (("rollout/engine_logp_gap", measured), ("train/tis_clip_frac", measured),
+                      ("rollout/prefix_cache_hit_rate", measured), ("perf/update_pad_frac", updated)):  # fmt: skip
+        out[key] = _mean([s["extra"][key] for s in over if key in s["extra"]])
     devs = [s["extra"]["train/first_epoch_ratio_dev"] for s in steps if "train/first_epoch_ratio_dev" in s["extra"]]
     out["train/first_epoch_ratio_dev"] = max(devs) if devs else None
     return out

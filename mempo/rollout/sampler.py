@@ -45,9 +45,10 @@ class SamplerConfig:
     enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s; auto: compiled for RL runs of at least
     ``COMPILE_MIN_STEPS`` steps (``trainer.max_steps``), eager otherwise and for evaluation (``engine_eager``).
     block_size: the engine's KV block in tokens (null: vLLM's default, 128 on CPU, 16 on CUDA). The prefix cache
-    reuses whole blocks only: a memory agent's prompts share the system text and the question (113-124 tokens with
-    SmolLM2's template), less than one 128-token block, so at the CPU default no later turn reuses any of it; 32
-    caches 96 of them.
+    reuses whole blocks only: the system text and question every prompt of a task starts with (113-124 tokens with
+    SmolLM2's template) are less than one 128-token block, so at the CPU default only identical prompts (rollouts
+    that wrote the same memory and searched the same query) share blocks: 49% of the prompt tokens of a 2 x G=8
+    step from the main job's warm start; at 32, 83% (docs/performance.md).
     sync_every: push weights into the engine every k optimizer steps.
     push_mode: in_process (the trainer's tensors straight into the engine's worker) | disk (a safetensors file the
     engine reloads: for engines whose worker is not in this process, e.g. tensor_parallel_size > 1).

