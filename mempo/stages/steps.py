@@ -89,6 +89,13 @@ IGNORED_CHANGES = ("run_dir", "resume", "overwrite", "verbose", "sweep")  # wher
 UNSET = "(unset)"  # a key one side of a config comparison does not hold
 
 
+def flatten(delta: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config or config delta ({memory: {alpha: 1}}) -> dotted keys ({"memory.alpha": 1})."""
+    if not isinstance(delta, dict):
+        return {prefix[:-1]: delta}
+    return {k: v for key, sub in delta.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
+
+
 def config_diff(
     saved: Path, cfg: DictConfig, *, ignored: Sequence[str] = IGNORED_CHANGES
 ) -> list[tuple[str, Any, Any]]:
@@ -98,15 +105,10 @@ def config_diff(
     if not saved.is_file():
         return []
 
-    def flat(d: Any, prefix: str = "") -> dict[str, Any]:
-        if not isinstance(d, dict):
-            return {prefix[:-1]: d}
-        return {k: v for key, sub in d.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
-
     def skip(key: str) -> bool:
         return any(key == p or key.startswith(p + ".") for p in ignored)
 
-    old, new = flat(OmegaConf.to_container(OmegaConf.load(saved))), flat(OmegaConf.to_container(cfg))
+    old, new = flatten(OmegaConf.to_container(OmegaConf.load(saved))), flatten(OmegaConf.to_container(cfg))
     keys = [k for k in dict.fromkeys([*new, *old]) if not skip(k)]
     return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in keys if old.get(k, UNSET) != new.get(k, UNSET)]
 

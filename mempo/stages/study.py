@@ -65,6 +65,7 @@ from mempo.stages.steps import (
     Step,
     command_line_keys,
     config_diff,
+    flatten,
     folders_arg,
     run_steps,
     stage,
@@ -91,13 +92,6 @@ STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
 # (0.047 s each, the scorer's loading included; 2.08 a task-objective)
 SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * AVX2_SCALE}
 MEMORIES_PER_OBJECTIVE = 2.0
-
-
-def flatten(delta: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config delta ({memory: {alpha: 1}}) -> dotted keys ({"memory.alpha": 1})."""
-    if not isinstance(delta, dict):
-        return {prefix[:-1]: delta}
-    return {k: v for key, sub in delta.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
 
 
 def arm_delta(cfg: DictConfig, arm: str) -> dict[str, Any]:
