@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 from mempo.core.base import one_of, require, timed
 from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records, unscored_metrics
+from mempo.lm.compiled import CompiledLayers
 from mempo.lm.logprobs import token_logprobs
 from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora, same_base
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
@@ -98,6 +99,9 @@ class OptimConfig:
     fuse_old_logp: with old_logp=recompute and ppo_epochs = 1, the old log-probs are the update's own forward,
     detached, instead of a separate no-grad forward over the same micro-batches: the same numbers (the forward is the
     same computation; tests/models/module/test_engine_mismatch.py holds the weights bit-identical), one forward less.
+    compile_update: the policy's decoder layers run compiled (``torch.compile``, ``mempo.lm.compiled``) in the
+    update and the old log-probs' recompute, eager everywhere else; needs old_logp=recompute, so that the old
+    log-probs come from the same compiled forward (compiled kernels round differently from eager ones).
     """
 
     lr: float = 1e-6
@@ -111,6 +115,7 @@ class OptimConfig:
     skip_no_signal: bool = True
     skip_zero_adv_rows: bool = True
     fuse_old_logp: bool = True
+    compile_update: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -122,6 +127,11 @@ class OptimConfig:
             ("micro_batch_size", self.micro_batch_size >= 1, "must be >= 1"),
             ("old_logp", self.old_logp in OLD_LOGP_SOURCES, one_of(OLD_LOGP_SOURCES)),
             ("max_nonfinite", self.max_nonfinite >= 1, "must be >= 1"),
+            (
+                "compile_update",
+                not self.compile_update or self.old_logp in ("auto", "recompute"),
+                "needs optim.old_logp=recompute (old log-probs from the same compiled forward)",
+            ),
         ]
         require("optim", self, checks)
 
@@ -182,6 +192,7 @@ class MemPOModule(L.LightningModule):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         # A LoRA policy's base (``mempo.lm.lora.base_fingerprint``): its checkpoints resume on this base only.
         self.base_fingerprint = base_fingerprint
+        self.compiled: CompiledLayers | None = None  # optim.compile_update: built at the first update
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy`` (``trainer=fsdp``): FSDP2 over the data-parallel ranks, the policy (fp32
@@ -335,12 +346,13 @@ class MemPOModule(L.LightningModule):
         rollouts, x, adv, mem_r, mem_valid, p_mem = (
             draw.rollouts, draw.x, draw.adv, draw.mem_r, draw.mem_valid, draw.p_mem
         )  # fmt: skip
-        with timed(timings, "logp"):
-            signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
-            groups = self.update_rows(adv, x.response_mask)
-            old_logp, ref_logp = self._old_and_ref_logp(x, groups) if signal else (None, None)
-        with timed(timings, "update"):
-            update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
+        with self.update_forward():
+            with timed(timings, "logp"):
+                signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
+                groups = self.update_rows(adv, x.response_mask)
+                old_logp, ref_logp = self._old_and_ref_logp(x, groups) if signal else (None, None)
+            with timed(timings, "update"):
+                update = self._update(x, adv, old_logp, ref_logp, groups) if signal else self._no_update()  # Eq. 10
         update["train/rows_updated"] = float(sum(len(g) for g in groups)) if signal else 0.0
         if counts is not None:
             queries, hits = counts
@@ -355,6 +367,21 @@ class MemPOModule(L.LightningModule):
         if self.redraw_rounds:
             credit.update(dynamic)
         self._log_step(rollouts, x, adv, update, timings, mem_r, mem_valid, p_mem, credit)
+
+    @contextmanager
+    def update_forward(self) -> Iterator[None]:
+        """The policy's forwards of the update and the old log-probs' recompute: compiled decoder layers under
+        ``optim.compile_update`` (built at the first step: inductor compiles at the first forward and backward),
+        eager otherwise."""
+        if not self.optim_cfg.compile_update:
+            yield
+            return
+        if is_sharded(self.policy):
+            raise ValueError("optim.compile_update is not supported with a sharded policy (trainer=fsdp)")
+        if self.compiled is None:
+            self.compiled = CompiledLayers(self.policy)
+        with self.compiled.active():
+            yield
 
     def _score(self, rollouts: RolloutBatch) -> Draw:
         mem_r, mem_valid, p_mem = self.memory_rewards(rollouts)
