@@ -287,6 +287,26 @@ class StepCheckpoint(L.Callback):
             self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
 
 
+class HFSnapshots(L.Callback):
+    """Every ``every_n_steps`` RL steps: the policy as a Hugging Face folder ``dirpath/step-<k>`` (six digits), made
+    by ``export(folder, write)`` (the RL stage's export: every rank calls it, so that a sharded policy is gathered;
+    rank 0 writes). Kept, unlike ``last.ckpt``: the checkpoints of a learning curve, each one evaluable on its own."""
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int, export: Callable[[Path, bool], Any]) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"ckpt.hf_every_n_steps must be >= 1 for snapshots, got {every_n_steps}")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.export = export
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        if step % self.every_n_steps == 0:
+            self.export(self.dirpath / f"step-{step:06d}", trainer.is_global_zero)
+
+
 class StepTimer(L.Callback):
     """``step_seconds()``: the wall time since this step's batch started (callbacks run in their list order)."""
 

@@ -92,12 +92,19 @@ class LoggerConfig:
 
 @dataclass(frozen=True)
 class CkptConfig:
-    """Config group ``ckpt``: a Lightning checkpoint (``last.ckpt``) every k RL steps."""
+    """Config group ``ckpt``: a Lightning checkpoint (``last.ckpt``) every k RL steps; with ``hf_every_n_steps`` > 0
+    also the policy as a Hugging Face folder ``hf_steps/step-<k>`` every that many steps, kept (a learning curve's
+    checkpoints for ``experiments/eval.py``'s ``eval.checkpoints``)."""
 
     every_n_steps: int = 2
+    hf_every_n_steps: int = 0
 
     def __post_init__(self) -> None:
-        require("ckpt", self, [("every_n_steps", self.every_n_steps >= 1, "must be >= 1")])
+        checks = [
+            ("every_n_steps", self.every_n_steps >= 1, "must be >= 1"),
+            ("hf_every_n_steps", self.hf_every_n_steps >= 0, "must be >= 0 (0 = off)"),
+        ]
+        require("ckpt", self, checks)
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ WANDB_RESOLVER = "mempo.wandb_job_dir"  # config.yaml: hydra.run.dir: ${mempo.wa
 RUN_MARKERS = ("checkpoints/last.ckpt", "metrics.csv", "hf", "summary.json")
 # What overwrite=true deletes: every output of a training stage (other files in the folder are left alone).
 TRAINING_OUTPUTS = (
-    "checkpoints", "metrics.csv", "memory_credit.jsonl", "curves.png", "hf", "hf_adapter", "summary.json",
-    "lightning_logs",
+    "checkpoints", "metrics.csv", "memory_credit.jsonl", "curves.png", "hf", "hf_adapter", "hf_steps",
+    "summary.json", "lightning_logs",
 )  # fmt: skip
 
 

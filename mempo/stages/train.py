@@ -26,6 +26,7 @@ from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.lm.lora import apply_lora, export_states, is_lora, save_lora
 from mempo.lm.sharding import is_sharded
 from mempo.models.callbacks import (
+    HFSnapshots,
     MemoryCreditFile,
     MetricsFile,
     RLProgress,
@@ -220,6 +221,12 @@ def fit_rl(
     if cfg.eval.every_n_steps > 0:  # after the weight push, before MetricsFile writes the step's row
         val_tasks = build_tasks(cfg, "val", num_tasks=cfg.data.num_val_tasks)
         hooks.append(ValidationCallback(val_tasks, cfg.eval.every_n_steps, reward_kind=cfg.reward.kind))
+    if cfg.ckpt.hf_every_n_steps > 0:  # a learning curve's checkpoints, each an HF folder
+
+        def snapshot(folder: Path, write: bool) -> Path:
+            return _export(module.policy, module.tokenizer, folder, write=write)
+
+        hooks.append(HFSnapshots(out / "hf_steps", cfg.ckpt.hf_every_n_steps, snapshot))
     hooks += [
         MetricsFile(out / "metrics.csv"),
         MemoryCreditFile(out / CREDIT_FILE),
