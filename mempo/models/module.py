@@ -20,6 +20,7 @@ validation EM 0, docs/results.md).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -60,6 +61,9 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
 
 OLD_LOGP_SOURCES = ("auto", "sampler", "recompute")
+# A turn sample whose mean |engine log-prob - trainer old log-prob| exceeds this (nats a token) is reported in run.log.
+ENGINE_GAP_WARN = 1.0
+log = logging.getLogger(__name__)
 # Sampling seeds: base + STEP_SEED_STRIDE x step + 7919 x turn (agent.collect) + i x n (prompt i, the sampler).
 STEP_SEED_STRIDE = 1_000_003
 # A data-parallel rank's offset: a band of SEED_BAND_STEPS steps, so rank r at step k < SEED_BAND_STEPS draws from
@@ -469,7 +473,34 @@ class MemPOModule(L.LightningModule):
         mask = torch.zeros_like(x.response_mask)
         mask[rows] = x.response_mask[rows]
         m = engine_mismatch(old_logp, x.sampler_logp, mask, self.loss_cfg.tis_cap)
-        return {"rollout/engine_logp_gap": float(m["logp_gap"]), "train/tis_clip_frac": float(m["tis_clip_frac"])}
+        gaps = ((old_logp.float() - x.sampler_logp.float()).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        worst = int(gaps.argmax())
+        if float(gaps[worst]) > ENGINE_GAP_WARN:
+            self._warn_engine_gap(x, old_logp, gaps, worst)
+        return {
+            "rollout/engine_logp_gap": float(m["logp_gap"]),
+            "rollout/engine_logp_gap_row_max": float(gaps[worst]),
+            "train/tis_clip_frac": float(m["tis_clip_frac"]),
+        }
+
+    def _warn_engine_gap(self, x: TurnBatch, old_logp: torch.Tensor, gaps: torch.Tensor, row: int) -> None:
+        """A turn sample whose sampled tokens the trainer scores far from the engine: its place and worst tokens in
+        run.log (a bf16 engine differs from the trainer by about 1e-3 nats a token; whole nats mean that the engine
+        sampled from another context or other weights than the trainer scores)."""
+        pos = x.response_mask[row].nonzero().flatten()
+        diff = (old_logp[row, pos].float() - x.sampler_logp[row, pos].float()).abs()
+        top = pos[diff.argsort(descending=True)[:5]].tolist()
+        tokens = ", ".join(
+            f"{t}:{self.tokenizer.decode([int(x.input_ids[row, t])])!r} engine {float(x.sampler_logp[row, t]):.3f} "
+            f"trainer {float(old_logp[row, t]):.3f}"
+            for t in top
+        )
+        log.warning(
+            "step %d: turn sample %d (trajectory %d, turn %d, %d sampled tokens) has a mean engine/trainer log-prob "
+            "gap of %.3f nats (%d rows above %.1f); worst tokens: %s",
+            self.batches_done + 1, row, int(x.traj_ids[row]), int(x.turn_ids[row]), len(pos), float(gaps[row]),
+            int((gaps > ENGINE_GAP_WARN).sum()), ENGINE_GAP_WARN, tokens,
+        )  # fmt: skip
 
     def update_rows(self, adv: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
         """The turn samples the update computes, in groups micro-batched apart: with a KL term every row (one group,

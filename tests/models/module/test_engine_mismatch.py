@@ -103,3 +103,37 @@ def test_float32_engine_switches_on_auto_are_bit_identical_to_off(make_cfg, tmp_
         torch.testing.assert_close(weights["auto"][k], want, rtol=0, atol=0, msg=k)
     assert metrics["auto"] == metrics["off"]
     assert all(float(r["rollout/engine_logp_gap"]) == 0.0 for r in metrics["auto"])  # old log-probs: the engine's
+
+
+def test_a_turn_sample_far_from_the_engine_is_reported_with_its_worst_tokens(make_cfg, caplog) -> None:
+    """One turn sample whose engine log-probs are 3 nats off the trainer's (an engine that sampled from another
+    context): the step's row maximum says 3, the batch mean less, and run.log names the row and its tokens."""
+    from mempo.rollout.agent import TurnBatch
+    from mempo.stages.builders import build_module
+
+    module, _ = build_module(make_cfg("model=tiny", "sampler=hf", "optim.old_logp=recompute"))
+    n, t = 3, 6
+    response = torch.zeros(n, t, dtype=torch.bool)
+    response[:, 3:] = True
+    old = torch.full((n, t), -4.0) * response
+    engine = old.clone()
+    engine[1, 3:] += 3.0  # row 1: the engine was 3 nats more sure of each of its 3 tokens
+    zeros = torch.zeros(n, dtype=torch.long)
+    x = TurnBatch(
+        input_ids=torch.arange(n * t).reshape(n, t) + 10, attention_mask=torch.ones(n, t, dtype=torch.long),
+        response_mask=response, mem_mask=torch.zeros_like(response), sampler_logp=engine,
+        traj_ids=torch.tensor([0, 1, 2]), group_ids=zeros, turn_ids=torch.tensor([0, 2, 0]),
+        rewards=torch.zeros(n), traj_group_ids=zeros,
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="mempo.models.module"):
+        m = module.engine_mismatch_metrics(x, old, [[0, 1, 2]])
+    assert m["rollout/engine_logp_gap_row_max"] == pytest.approx(3.0)
+    assert m["rollout/engine_logp_gap"] == pytest.approx(1.0)  # 9 nats over the 9 sampled tokens
+    (record,) = [r for r in caplog.records if "engine/trainer" in r.getMessage()]
+    message = record.getMessage()
+    assert "turn sample 1 (trajectory 1, turn 2, 3 sampled tokens)" in message and "3.000 nats" in message
+    assert "engine -1.000 trainer -4.000" in message
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mempo.models.module"):
+        module.engine_mismatch_metrics(x, old, [[0, 2]])  # the far row not computed: nothing to report
+    assert not [r for r in caplog.records if "engine/trainer" in r.getMessage()]
