@@ -41,7 +41,7 @@ from .advantages import (
     trajectory_advantages,
 )
 from .aggregate import AGG_MODES, aggregate, loss_weights
-from .objective import LossConfig, engine_mismatch, policy_objective, tis_weights
+from .objective import LossConfig, engine_mismatch, policy_objective, sampled_token_entropy, tis_weights
 from .surrogate import KL_KINDS, clipped_surrogate, kl_penalty
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "LossConfig",
     "aggregate",
     "engine_mismatch",
+    "sampled_token_entropy",
     "answer_probability",
     "clipped_surrogate",
     "compute_advantages",

@@ -117,3 +117,13 @@ def engine_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, tis_ca
     if tis_cap is not None:
         clipped = (torch.exp(diff) > tis_cap).sum() / n
     return {"logp_gap": gap, "tis_clip_frac": clipped}
+
+
+def sampled_token_entropy(sampler_logp: Tensor, mask: Tensor) -> Tensor:
+    """Mean -log p of the sampled tokens of ``mask`` ([N, T]) under the distribution each was drawn from
+    (``sampler_logp`` [N, T]): an unbiased Monte Carlo estimate of that distribution's per-token entropy, since
+    E_{y ~ p}[-log p(y)] = H(p). 0 for an empty mask."""
+    m = mask.bool()
+    if not m.any():
+        return torch.zeros((), dtype=torch.float32, device=sampler_logp.device)
+    return -sampler_logp.float()[m].mean()

@@ -52,6 +52,7 @@ from mempo.losses import (
     memory_advantages,
     memory_rewards,
     policy_objective,
+    sampled_token_entropy,
     trajectory_advantages,
 )
 from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
@@ -450,6 +451,9 @@ class MemPOModule(L.LightningModule):
             "perf/samples": float(len(rollouts.samples)),
             "perf/tokens": float(x.attention_mask.sum()),
             "perf/response_tokens": float(x.response_mask.sum()),
+            # The sampling policy's per-token entropy from the engine's log-probs, at no cost (sampler.logprobs=
+            # tempered: the distribution the tokens were drawn from; raw: the untempered policy's cross-entropy)
+            "rollout/token_entropy": float(sampled_token_entropy(x.sampler_logp, x.response_mask)),
             **{f"perf/{k}_s": v for k, v in timings.items()},
         }
         if self.scores_memories:

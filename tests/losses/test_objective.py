@@ -13,6 +13,7 @@ from mempo.losses import (
     engine_mismatch,
     kl_penalty,
     policy_objective,
+    sampled_token_entropy,
     tis_weights,
 )
 from mempo.losses.aggregate import loss_weights
@@ -208,3 +209,21 @@ def test_engine_mismatch_hand_computed():
 def test_loss_config_validation_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"loss.{key}"):
         LossConfig(**kwargs)
+
+
+def test_sampled_token_entropy_estimates_the_sampling_distributions_entropy():
+    """Tokens drawn from a known categorical distribution: the mean of -log p over them is within 4 standard errors
+    of H(p) = -sum p log p, computed in closed form; masked-out positions count for nothing."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(50, generator=gen, dtype=torch.float64) * 2, -1)
+    exact = float(-(p * p.log()).sum())
+    y = torch.multinomial(p, 20000, replacement=True, generator=gen)
+    logp = p.log()[y].reshape(100, 200)
+    mask = torch.ones(100, 200, dtype=torch.bool)
+    mask[:, 150:] = False
+    garbage = logp.clone()
+    garbage[:, 150:] = -1e4  # what the mask leaves out may hold anything
+    se = float((-logp[mask]).std()) / math.sqrt(int(mask.sum()))
+    got = float(sampled_token_entropy(garbage, mask))
+    assert abs(got - exact) < 4 * se, (got, exact, se)
+    assert float(sampled_token_entropy(logp, torch.zeros_like(mask))) == 0.0

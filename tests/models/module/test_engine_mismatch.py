@@ -8,6 +8,8 @@ With a float32 engine every new switch resolves to today's path: the weights are
 from __future__ import annotations
 
 import csv
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -78,7 +80,9 @@ def test_which_runs_take_old_logprobs_from_the_update(make_cfg, extra, fused) ->
 
 def test_engine_logprobs_as_old_ones_log_no_gap(make_cfg, tmp_path: Path) -> None:
     fit_rl(make_cfg(*RUN, "sampler=hf", "trainer.precision=32-true", f"run_dir={tmp_path}"))  # old_logp=sampler
+    vocab = json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"]
     for r in rows(tmp_path):
+        assert 0.0 < float(r["rollout/token_entropy"]) < math.log(vocab)  # logged, and no more than uniform's
         assert float(r["rollout/engine_logp_gap"]) == 0.0 and float(r["train/tis_clip_frac"]) == 0.0
         # The update's forward is not the one that sampled (HF generate with a KV cache): a deviation, small.
         assert 0.0 < float(r["train/first_epoch_ratio_dev"]) < 1e-3
