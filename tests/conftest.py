@@ -52,6 +52,16 @@ def mempo_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield cache
 
 
+@pytest.fixture(autouse=True)
+def release_run_log() -> Iterator[None]:
+    """A stage run in a test leaves its run.log handler on the root logger; the test's folder is deleted when it
+    passes (tmp_path_retention_policy), so the next record of any later test would reopen a log there and fail."""
+    yield
+    from mempo.core.console import release_log_file
+
+    release_log_file()
+
+
 @pytest.fixture(scope="session")
 def tiny_path(mempo_cache: Path) -> Path:
     """The ``tiny`` random Llama folder (SmolLM2 tokenizer), built once per session."""

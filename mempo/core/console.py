@@ -159,6 +159,16 @@ def setup_console(run_dir: str | Path, verbose: bool) -> Path:
     return path
 
 
+def release_log_file() -> None:
+    """Detach and close the run-log handler ``setup_console`` added (Hydra's own are left alone): for a process that
+    outlives its run folder, e.g. a test session that deletes a finished test's temporary folder, where a later
+    record would otherwise try to reopen a log in a folder that is gone."""
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, _OURS, False) and isinstance(h, logging.FileHandler)]:
+        root.removeHandler(h)
+        h.close()
+
+
 def say(line: str) -> None:
     """Print ``line`` on stdout without breaking an active progress bar."""
     from tqdm import tqdm
