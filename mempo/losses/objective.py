@@ -106,17 +106,19 @@ def engine_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, tis_ca
     """How far the engine that sampled the tokens is from the trainer's old policy, over the tokens of ``mask``
     ([N, T], e.g. the response tokens of the rows the update computes); old_logp, sampler_logp [N, T].
 
-    -> {"logp_gap": mean |old_logp - sampler_logp|, "tis_clip_frac": the share of those tokens whose importance
-    weight pi_old / pi_sampler exceeds ``tis_cap`` (truncated there; 0 without a cap)}. Both are exactly 0 when the
-    old log-probs are the engine's own (``optim.old_logp=sampler``)."""
+    -> {"logp_gap": mean |old_logp - sampler_logp|, "row_gap": [N] that mean within each row (0 for a row without
+    masked tokens), "tis_clip_frac": the share of those tokens whose importance weight pi_old / pi_sampler exceeds
+    ``tis_cap`` (truncated there; 0 without a cap)}. All exactly 0 when the old log-probs are the engine's own
+    (``optim.old_logp=sampler``)."""
     m = mask.bool()
     n = m.sum().clamp(min=1).to(torch.float32)
-    diff = (old_logp.float() - sampler_logp.float())[m]
+    diff = torch.where(m, old_logp.float() - sampler_logp.float(), 0.0)  # [N, T], 0 off the mask
     gap = diff.abs().sum() / n
+    row_gap = diff.abs().sum(-1) / m.sum(-1).clamp(min=1)
     clipped = torch.zeros((), dtype=torch.float32, device=old_logp.device)
     if tis_cap is not None:
-        clipped = (torch.exp(diff) > tis_cap).sum() / n
-    return {"logp_gap": gap, "tis_clip_frac": clipped}
+        clipped = (torch.exp(diff[m]) > tis_cap).sum() / n
+    return {"logp_gap": gap, "row_gap": row_gap, "tis_clip_frac": clipped}
 
 
 def sampled_token_entropy(sampler_logp: Tensor, mask: Tensor) -> Tensor:

@@ -477,7 +477,7 @@ class MemPOModule(L.LightningModule):
         mask = torch.zeros_like(x.response_mask)
         mask[rows] = x.response_mask[rows]
         m = engine_mismatch(old_logp, x.sampler_logp, mask, self.loss_cfg.tis_cap)
-        gaps = ((old_logp.float() - x.sampler_logp.float()).abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        gaps = m["row_gap"]
         worst = int(gaps.argmax())
         if float(gaps[worst]) > ENGINE_GAP_WARN:
             self._warn_engine_gap(x, old_logp, gaps, worst)

@@ -187,6 +187,7 @@ def test_engine_mismatch_hand_computed():
     out = engine_mismatch(old, engine, mask, tis_cap=2.0)
     gaps = [abs(math.log(2.5)), 0.0, abs(math.log(1.25)), abs(math.log(3.0)), 0.0]
     assert_close(out["logp_gap"], torch.tensor(sum(gaps) / 5))
+    assert_close(out["row_gap"], torch.tensor([sum(gaps[:3]) / 3, sum(gaps[3:]) / 2]))
     assert_close(out["tis_clip_frac"], torch.tensor(2 / 5))  # 2.5 and 3 exceed 2; the masked-out 30 does not count
     assert engine_mismatch(old, engine, mask, tis_cap=None)["tis_clip_frac"].item() == 0.0
     same = engine_mismatch(engine, engine, mask, tis_cap=2.0)  # old log-probs that are the engine's own
