@@ -75,9 +75,13 @@ def _route_to_root() -> None:
             logger.propagate = True
 
 
+def _our_log_files(root: logging.Logger) -> list[logging.FileHandler]:
+    return [h for h in root.handlers if getattr(h, _OURS, False) and isinstance(h, logging.FileHandler)]
+
+
 def _log_file(root: logging.Logger, run_dir: Path) -> Path:
     """The root's file handler in ``run_dir`` (Hydra's job log), else ours on ``run_dir/run.log``."""
-    ours = [h for h in root.handlers if getattr(h, _OURS, False) and isinstance(h, logging.FileHandler)]
+    ours = _our_log_files(root)
     theirs = [
         h
         for h in root.handlers
@@ -164,7 +168,7 @@ def release_log_file() -> None:
     outlives its run folder, e.g. a test session that deletes a finished test's temporary folder, where a later
     record would otherwise try to reopen a log in a folder that is gone."""
     root = logging.getLogger()
-    for h in [h for h in root.handlers if getattr(h, _OURS, False) and isinstance(h, logging.FileHandler)]:
+    for h in _our_log_files(root):
         root.removeHandler(h)
         h.close()
 

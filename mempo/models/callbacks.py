@@ -52,6 +52,11 @@ from mempo.rollout.sampler import Sampler, SamplingConfig
 CANARY_PROBE = "Question:\nWho founded the company that built the first lighthouse?\n\n<mem>"
 
 
+def rl_step(trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+    """The RL steps completed (``MemPOModule.batches_done``; Lightning's optimizer steps for another module)."""
+    return int(getattr(pl_module, "batches_done", trainer.global_step))
+
+
 class WeightCanaryError(RuntimeError):
     """The engine's log-probs of the probe disagree with the trainer's after a weight push."""
 
@@ -271,12 +276,12 @@ class StepCheckpoint(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        step = rl_step(trainer, pl_module)
         if step % self.every_n_steps == 0:
             self.save(trainer, step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
+        self.save(trainer, rl_step(trainer, pl_module))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """An unreachable retriever stops the run: keep the last completed step. A retriever fails during the
@@ -284,7 +289,7 @@ class StepCheckpoint(L.Callback):
         single process: a save is collective under DDP and would hang if one rank alone failed (the periodic
         checkpoint stands there)."""
         if isinstance(exception, RetrieverError) and trainer.world_size == 1:
-            self.save(trainer, int(getattr(pl_module, "batches_done", trainer.global_step)))
+            self.save(trainer, rl_step(trainer, pl_module))
 
 
 class HFSnapshots(L.Callback):
@@ -302,7 +307,7 @@ class HFSnapshots(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        step = rl_step(trainer, pl_module)
         if step % self.every_n_steps == 0:
             self.export(self.dirpath / f"step-{step:06d}", trainer.is_global_zero)
 
@@ -348,7 +353,7 @@ class MetricsFile(StepTimer):
     ) -> None:
         if not trainer.is_global_zero:
             return
-        row = {"step": int(getattr(pl_module, "batches_done", trainer.global_step)), **pl_module.last_metrics}
+        row = {"step": rl_step(trainer, pl_module), **pl_module.last_metrics}
         row["perf/step_s"] = self.step_seconds()
         header = self._header()
         if header is not None and all(k in header for k in row):
@@ -428,7 +433,7 @@ class ValidationCallback(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = int(getattr(pl_module, "batches_done", trainer.global_step))
+        step = rl_step(trainer, pl_module)
         if step % self.every_n_steps != 0:
             return
         timings: dict[str, float] = {}
@@ -502,7 +507,7 @@ class RLProgress(PhaseProgress):
     desc = "RL"
 
     def done(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
-        return int(getattr(pl_module, "batches_done", trainer.global_step))
+        return rl_step(trainer, pl_module)
 
     def line(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, seconds: float) -> str:
         m = getattr(pl_module, "last_metrics", {})
