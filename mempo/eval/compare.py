@@ -22,7 +22,8 @@ from mempo.eval.evaluate import evaluate_agent
 from mempo.eval.failures import failure_tally
 from mempo.eval.mem1 import mem1_scores
 from mempo.eval.stats import bootstrap_ci
-from mempo.lm.scoring import memory_answer_probabilities
+from mempo.lm.scoring import memory_answer_probabilities, sequence_logprobs
+from mempo.losses import kl_penalty
 from mempo.rollout.agent import CONTEXT_MODES, AgentConfig, Env, RolloutBatch, Trajectory
 from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.sampler import Sampler, SamplingConfig
@@ -50,7 +51,10 @@ class EvalConfig:
     trainer.precision=auto trains in bf16 (a GPU, a CPU with native bf16), else float32 (greedy evaluation needs no
     exact log-probs; in-training validation keeps the RL engine's dtype); mem1_scores: also score every task by
     MEM1's rules (``mempo.eval.mem1``: sum over objectives, its normalisation, 0 when the answer count is wrong),
-    reported beside mempo's (mean over objectives).
+    reported beside mempo's (mean over objectives); kl_reference: an HF folder (the warm start, say): each row also
+    gets kl_k1 and kl_k3, the mean over its sampled response tokens of Schulman's k1 and k3 estimates of
+    KL(checkpoint || reference) at the sampling temperature (``kl_to_reference``); needs greedy=false, since a KL is
+    estimated on tokens the checkpoint sampled.
     """
 
     num_tasks: int | None = 16
@@ -66,6 +70,7 @@ class EvalConfig:
     split: str = "val"
     engine_dtype: str | None = None
     mem1_scores: bool = False
+    kl_reference: str | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -85,6 +90,11 @@ class EvalConfig:
                 ("max_trajectories", self.max_trajectories >= 0, "must be >= 0"),
                 ("split", self.split in SPLITS, one_of(SPLITS)),
                 ("engine_dtype", self.engine_dtype in ENGINE_DTYPES, one_of(ENGINE_DTYPES)),
+                (
+                    "kl_reference",
+                    self.kl_reference is None or not self.greedy,
+                    "needs eval.greedy=false: the KL to the reference is estimated on tokens the checkpoint sampled",
+                ),
             ],
         )
 
@@ -179,6 +189,47 @@ def memory_p_ans(
     ]
 
 
+def kl_to_reference(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module,
+    batch: RolloutBatch,
+    *,
+    pad_id: int,
+    temperature: float,
+    micro_batch_size: int = 8,
+    bf16: bool = False,
+) -> dict[str, float]:
+    """KL(policy || reference) per sampled token of ``batch`` (rollouts ``policy`` sampled at ``temperature``): the
+    means over every response token of Schulman's k1 (log-ratio; unbiased, can read below 0 on few tokens) and k3
+    (never below 0) estimates, both models scoring the tokens at ``temperature`` (``mempo.losses.kl_penalty``).
+
+    -> {"kl_k1", "kl_k3", "kl_tokens"}; NaN estimates for a batch without sampled tokens.
+    """
+    x = batch.to_tensors(pad_id)
+    tokens = int(x.response_mask.sum())
+    if tokens == 0:
+        return {"kl_k1": float("nan"), "kl_k3": float("nan"), "kl_tokens": 0.0}
+    device = next(policy.parameters()).device.type
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        logp, ref_logp = (
+            sequence_logprobs(
+                model,
+                x.input_ids,
+                x.attention_mask,
+                micro_batch_size=micro_batch_size,
+                score_mask=x.response_mask,
+                temperature=temperature,
+            )
+            for model in (policy, reference)
+        )
+    mask = x.response_mask
+    return {
+        "kl_k1": float(kl_penalty(logp, ref_logp, "k1")[mask].mean()),
+        "kl_k3": float(kl_penalty(logp, ref_logp, "k3")[mask].mean()),
+        "kl_tokens": float(tokens),
+    }
+
+
 def evaluate_grid(
     sampler: Sampler,
     env: Env,
@@ -192,6 +243,7 @@ def evaluate_grid(
     reward_kind: str = "all_em",
     include_tags: bool = True,
     policy: torch.nn.Module | None = None,
+    reference: torch.nn.Module | None = None,
     pad_id: int = 0,
     bf16: bool = False,
     chains: Mapping[str, SyntheticQuestion] | None = None,
@@ -199,7 +251,8 @@ def evaluate_grid(
 ) -> GridResult:
     """Every agent in ``evaluation.agents`` on every task set of ``tasks_by_n`` (one rollout each), with ``sampler``.
 
-    ``policy`` (the sampler's weights as a HF model) scores each memory; None skips the memory analysis.
+    ``policy`` (the sampler's weights as a HF model) scores each memory when ``evaluation.score_memories``; with
+    ``reference`` (``evaluation.kl_reference`` loaded) each row also gets ``kl_to_reference`` of its rollouts.
     Rows carry 95% bootstrap intervals of EM and F1 over tasks (``em_lo``, ``em_hi``, ``f1_lo``, ``f1_hi``).
     ``chains`` (qid -> reasoning chain, synthetic data) adds a failure tally per row (``mempo.eval.failures``).
     ``on_row`` is called with each row as soon as it is complete (progress display).
@@ -235,7 +288,12 @@ def evaluate_grid(
             out.source_rows += source_rows(records, keys, metrics_of)
             if chains is not None:
                 out.failures.append({**keys, **failure_tally(batch.trajectories, chains)})
-            if policy is not None:
+            if reference is not None:
+                if policy is None:
+                    raise ValueError("evaluate_grid: a KL to the reference needs the checkpoint's policy")
+                temperature = sampling.temperature
+                row.update(kl_to_reference(policy, reference, batch, pad_id=pad_id, temperature=temperature, bf16=bf16))
+            if policy is not None and evaluation.score_memories:
                 scored = memory_p_ans(policy, builder, batch, pad_id=pad_id, bf16=bf16)
                 by_turn = {(r["traj_id"], r["turn"]): r["p_ans"] for r in scored}
                 for traj, rec in zip(batch.trajectories, records):

@@ -22,6 +22,7 @@ TABLE_COLUMNS = [
     "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
     "format_fail", "turns", "tt", "pt",
 ]  # fmt: skip
+KL_COLUMNS = ["kl_k1", "kl_k3", "kl_tokens"]  # mempo.eval.compare.kl_to_reference
 P_ANS_COLUMNS = ["checkpoint", "agent", "objectives", "task_id", "turn", "p_ans"]
 AGENT_LABELS = {"memory": "memory agent", "full_history": "full-history agent (ReAct)"}  # not the RL algorithm
 AGENT_STYLES = {"memory": "-", "full_history": "--"}
@@ -286,8 +287,9 @@ def write_report(out: Path, result: Any, *, num_tasks: int, memories_scored: boo
         "table_csv": out / "table.csv",
     }
     atomic_write_text(files["results"], "".join(json.dumps(r, default=str) + "\n" for r in result.records))
-    atomic_write_text(files["table_md"], markdown_table(result.rows, TABLE_COLUMNS) + "\n")
-    write_csv(files["table_csv"], result.rows, TABLE_COLUMNS)
+    columns = TABLE_COLUMNS + [c for c in KL_COLUMNS if result.rows and c in result.rows[0]]  # eval.kl_reference
+    atomic_write_text(files["table_md"], markdown_table(result.rows, columns) + "\n")
+    write_csv(files["table_csv"], result.rows, columns)
     files["intervals"] = out / "intervals.md"
     extra = real_data_tables(result.rows, getattr(result, "source_rows", []))
     atomic_write_text(files["intervals"], interval_table(result.rows, result.records) + "\n" + extra)

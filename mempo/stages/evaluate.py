@@ -86,6 +86,12 @@ def run_eval(
         say(f"[mempo] eval: the engine runs in {engine_dtype(evaluation, bf16)} (eval.engine_dtype)")
     total = GridResult([], [], [])
     folders = checkpoint_folders(cfg)
+    reference = None
+    if evaluation.kl_reference:  # one frozen copy for every checkpoint's KL (a second model in memory)
+        say(f"[mempo] eval: KL of each checkpoint to {evaluation.kl_reference} (eval.kl_reference)")
+        ref_folder = resolve_model_path(evaluation.kl_reference, cache_dir=cfg.model.cache_dir)
+        reference, _ = load_policy(ref_folder, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+        reference.requires_grad_(False).eval()
     rows = sum(len(per_label.get(label, evaluation).agents) for label in folders) * len(evaluation.objectives)
     bar = progress("eval", rows, unit="row")  # a row: one checkpoint x agent x N on its task set
 
@@ -112,7 +118,8 @@ def run_eval(
                 checkpoint=label,
                 reward_kind=cfg.reward.kind,
                 include_tags=cfg.memory.include_tags,
-                policy=policy if ev.score_memories else None,
+                policy=policy if ev.score_memories or reference is not None else None,
+                reference=reference,
                 pad_id=pad_id,
                 bf16=bf16,
                 chains=chains,

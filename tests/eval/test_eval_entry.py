@@ -135,3 +135,28 @@ def test_eval_split_picks_the_world_its_tasks_ask_about(make_cfg, tmp_path, spli
     assert len(asked) == 3
     assert asked <= texts[split]
     assert not asked & texts["val" if split == "train" else "train"]
+
+
+def test_kl_reference_gives_each_checkpoint_its_kl_to_the_warm_start(make_cfg, tiny_path, tmp_path):
+    """eval.kl_reference through the stage, memory scoring off: the reference against itself reads exactly 0, a moved
+    copy of it more (the estimate itself is checked by hand in tests/eval/test_kl_reference.py)."""
+    import torch
+
+    from mempo.lm.loading import load_policy
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_path, moved)
+    policy, _ = load_policy(tiny_path)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    policy.save_pretrained(moved)
+    run_dir = tmp_path / "run"
+    cfg = make_cfg(*TINY_RUN, "eval.score_memories=false", "eval.agents=[memory]", "eval.objectives=[1]",
+                   "eval.num_tasks=2", "eval.greedy=false", f"eval.kl_reference='{tiny_path}'",
+                   f"eval.checkpoints={{start:'{tiny_path}',moved:'{moved}'}}", f"run_dir={run_dir}")  # fmt: skip
+    run_eval(cfg)
+    table = {r["checkpoint"]: r for r in csv.DictReader((run_dir / "eval" / "table.csv").open())}
+    assert (float(table["start"]["kl_k1"]), float(table["start"]["kl_k3"])) == (0.0, 0.0)
+    assert float(table["moved"]["kl_k3"]) > 0.01 and float(table["moved"]["kl_tokens"]) > 0
