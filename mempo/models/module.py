@@ -106,7 +106,9 @@ class OptimConfig:
     same computation; tests/models/module/test_engine_mismatch.py holds the weights bit-identical), one forward less.
     compile_update: the policy's decoder layers run compiled (``torch.compile``, ``mempo.lm.compiled``) in the
     update and the old log-probs' recompute, eager everywhere else; needs old_logp=recompute, so that the old
-    log-probs come from the same compiled forward (compiled kernels round differently from eager ones).
+    log-probs come from the same compiled forward (compiled kernels round differently from eager ones); auto: on
+    exactly when the old log-probs are recomputed and the policy is not sharded (``builders.build_optim_config``
+    resolves it before the module is built), so a recipe that asks for it still runs with a float32 engine.
     """
 
     lr: float = 1e-6
@@ -120,7 +122,7 @@ class OptimConfig:
     skip_no_signal: bool = True
     skip_zero_adv_rows: bool = True
     fuse_old_logp: bool = True
-    compile_update: bool = False
+    compile_update: bool | str = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -132,9 +134,10 @@ class OptimConfig:
             ("micro_batch_size", self.micro_batch_size >= 1, "must be >= 1"),
             ("old_logp", self.old_logp in OLD_LOGP_SOURCES, one_of(OLD_LOGP_SOURCES)),
             ("max_nonfinite", self.max_nonfinite >= 1, "must be >= 1"),
+            ("compile_update", self.compile_update in (True, False, "auto"), "must be true, false or auto"),
             (
                 "compile_update",
-                not self.compile_update or self.old_logp in ("auto", "recompute"),
+                self.compile_update is not True or self.old_logp in ("auto", "recompute"),
                 "needs optim.old_logp=recompute (old log-probs from the same compiled forward)",
             ),
         ]
@@ -172,8 +175,8 @@ class MemPOModule(L.LightningModule):
         if reference is not None:
             reference.requires_grad_(False).eval()
         self.tokenizer, self.env, self.builder = tokenizer, env, builder
-        if optim.old_logp == "auto":
-            raise ValueError("optim.old_logp=auto must be resolved before the module (builders.resolve_old_logp)")
+        if optim.old_logp == "auto" or optim.compile_update == "auto":
+            raise ValueError("optim.old_logp / compile_update=auto must be resolved before the module (builders)")
         self.agent, self.sampling, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, sampling, loss, memory, optim
         self.advantage_cfg = advantage
         self.group_size, self.reward_kind, self.seed = group_size, reward_kind, seed

@@ -226,7 +226,13 @@ def resolve_old_logp(cfg: DictConfig) -> str:
 
 
 def build_optim_config(cfg: DictConfig) -> OptimConfig:
-    return replace(group(cfg, "optim"), old_logp=resolve_old_logp(cfg))
+    """The ``optim`` group with its ``auto`` values resolved: old_logp (``resolve_old_logp``), and compile_update, on
+    exactly when the old log-probs are recomputed (a bf16 engine) and the policy is not sharded (FSDP2)."""
+    old_logp = resolve_old_logp(cfg)
+    compile_update = cfg.optim.compile_update
+    if compile_update == "auto":
+        compile_update = old_logp == "recompute" and cfg.trainer.strategy != "fsdp2"
+    return replace(group(cfg, "optim"), old_logp=old_logp, compile_update=compile_update)
 
 
 def build_sampler(

@@ -63,3 +63,19 @@ def test_compile_update_refuses_the_engines_logprobs_as_old_ones(make_cfg) -> No
 
     with pytest.raises(ValueError, match="compile_update"):
         build_module(make_cfg("model=tiny", "sampler=hf", "optim.old_logp=sampler", "optim.compile_update=true"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("optim.old_logp=sampler",), False),  # a float32 engine's log-probs are the old ones: nothing to compile
+        (("optim.old_logp=auto",), False),  # the HF sampler runs the float32 policy itself: auto = sampler
+        (("optim.old_logp=recompute",), True),
+        (("optim.old_logp=recompute", "trainer.strategy=fsdp2"), False),  # refused when sharded, so auto is off
+    ],
+)
+def test_compile_update_auto_follows_the_recomputed_old_logprobs(make_cfg, overrides, expected) -> None:
+    from mempo.stages.builders import build_optim_config
+
+    optim = build_optim_config(make_cfg("model=tiny", "sampler=hf", "optim.compile_update=auto", *overrides))
+    assert optim.compile_update is expected
