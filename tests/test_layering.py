@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"core", "lm"},
     "data": {"core"},
     "capacity": {"core", "lm", "rollout", "data"},
-    "eval": {"core", "lm", "rollout", "data"},
+    "eval": {"core", "losses", "lm", "rollout", "data"},  # losses: the KL estimators of eval.kl_reference
     "models": {"core", "losses", "lm", "rollout", "eval"},
     "stages": {"core", "losses", "lm", "rollout", "data", "capacity", "eval", "models"},
 }
