@@ -404,6 +404,7 @@ def compare(mempo: dict[str, Any], trl: dict[str, dict[str, Any]], s: dict[str, 
         "mempo_task_reward_mean": [st.get("reward_mean") for st in mempo["steps"][WARMUP_STEPS:]],
         "updates_checked": True,
         "precision": s.get("precision"),
+        "mempo_overrides": list(s.get("overrides", ())),
         "timed_steps": timed,
         "warmup_steps": WARMUP_STEPS,
     }
@@ -413,6 +414,8 @@ def print_table(result: dict[str, Any]) -> None:
     """Each side's median and range of its timed steps and its generated tokens, then the ratio of the medians."""
     K, G, n, steps = result["K"], result["G"], result["max_new_tokens"], result["timed_steps"]
     print(f"\nK={K} prompts x G={G}, max_new_tokens={n}; {steps} timed step(s) per side after an untimed warm-up")
+    if result.get("mempo_overrides"):
+        print(f"mempo side with: {' '.join(result['mempo_overrides'])}")
     print(f"{'side':<12}{'median s':>10}{'min-max s':>14}{'gen tokens':>12}{'tok/completion':>16}")
     rows = [("mempo", result["mempo_step_s"], result["mempo_steps_s"], result["mempo_gen_tokens"])]
     for c, v in result["trl_runs"].items():
@@ -461,6 +464,14 @@ def main() -> None:
         f"{MIN_TIMED_STEPS} (default {MIN_TIMED_STEPS})",
     )
     p.add_argument("--trl-configs", default="hf,hf_gc,vllm", help=f"comma-separated subset of {TRL_CONFIGS}")
+    p.add_argument(
+        "--mempo-overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides of the mempo side only, e.g. the fast path's sampler.dtype=auto "
+        "sampler.enforce_eager=false optim.compile_update=auto",
+    )
     p.add_argument("--side", choices=["mempo", *(f"trl:{c}" for c in TRL_CONFIGS)], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
@@ -487,7 +498,7 @@ def main() -> None:
     K, n = (2, 32) if args.quick else (4, 64)
     from mempo.stages.config import resolve_precision
 
-    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps}
+    s = {"K": K, "G": 4, "max_new_tokens": n, "steps": WARMUP_STEPS + args.steps, "overrides": args.mempo_overrides}
     s["precision"] = resolve_precision("auto", "cpu")  # both sides' update precision
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl_compare-") as work:
