@@ -219,24 +219,46 @@ class StudyConfig:
         )
 
 
-def exp_delta(name: str | None) -> dict[str, Any]:
-    """The dotted keys ``experiments/configs/exp/<name>.yaml`` sets, less ``name`` and ``stage`` ({} for None)."""
+def exp_delta(name: str | None, *, _chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The dotted keys ``experiments/configs/exp/<name>.yaml`` sets, less ``name`` and ``stage`` ({} for None). A
+    defaults list may name other exp files (``- grpo_cpu``): their keys come first, in the list's order, then the
+    file's own (or at ``_self_``), as Hydra composes them. An entry that swaps a config group (``override /model:
+    ...``) is not a key delta: a ValueError naming the file and the entry."""
     if name is None:
         return {}
-    raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "exp" / f"{name}.yaml"))
-    if "defaults" in raw:  # a file that swaps config groups is not a plain key delta
-        raise ValueError(f"exp/{name}.yaml has a defaults list; only plain key deltas can be applied to a phase")
-    flat: dict[str, Any] = {}
+    if name in _chain:
+        raise ValueError(f"exp/{name}.yaml: its defaults list includes itself ({' -> '.join((*_chain, name))})")
+    path = CONFIG_DIR / "exp" / f"{name}.yaml"
+    if not path.is_file():
+        where = f" (in the defaults list of exp/{_chain[-1]}.yaml)" if _chain else ""
+        raise ValueError(f"exp/{name}.yaml: no such file in {CONFIG_DIR / 'exp'}{where}")
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    defaults = raw.pop("defaults", None) or []
+    own: dict[str, Any] = {}
 
     def walk(d: dict[str, Any], prefix: str) -> None:
         for k, v in d.items():
             if isinstance(v, dict):
                 walk(v, f"{prefix}{k}.")
             else:
-                flat[prefix + k] = v
+                own[prefix + k] = v
 
     walk(raw, "")
-    return {k: v for k, v in flat.items() if k not in ("name", "stage")}
+    own = {k: v for k, v in own.items() if k not in ("name", "stage")}
+    flat: dict[str, Any] = {}
+    if "_self_" not in defaults:
+        defaults = [*defaults, "_self_"]
+    for entry in defaults:
+        if entry == "_self_":
+            flat.update(own)
+        elif isinstance(entry, str) and re.fullmatch(r"[A-Za-z0-9_-]+", entry):
+            flat.update(exp_delta(entry, _chain=(*_chain, name)))
+        else:
+            raise ValueError(
+                f"exp/{name}.yaml: defaults entry {entry!r} swaps a config group; only other exp files (plain names) "
+                "and _self_ can be applied as a key delta to a phase"
+            )
+    return flat
 
 
 @dataclass(frozen=True)

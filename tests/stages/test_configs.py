@@ -179,3 +179,45 @@ def test_old_logp_auto_reuses_the_samplers_logprobs_only_when_exact(overrides, e
     from mempo.stages.builders import build_optim_config
 
     assert build_optim_config(validate_config(compose_cfg(*overrides))).old_logp == expected
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+@pytest.mark.parametrize("exp", ["grpo_cpu", "grpo_cpu_fast", "grpo_cpu_40", "grpo_cpu_lora", "ablation_nomem"])
+def test_exp_delta_is_what_hydra_composes(exp):
+    """exp_delta (what a study's recipe, the demo's RL phase and the headline apply on top of a config) against Hydra
+    itself: applied to the base config it gives exactly the config ``+exp=<exp>`` composes, defaults lists of other
+    exp files included, e.g. grpo_cpu_40 -> grpo_cpu_fast -> grpo_cpu."""
+    from mempo.stages.config import exp_delta
+
+    base = _flat(OmegaConf.to_container(compose_cfg()))
+    composed = _flat(OmegaConf.to_container(compose_cfg(f"+exp={exp}")))
+    delta = exp_delta(exp)
+    applied = {**base, **delta}
+    changed = {k for k in composed if k not in ("name", "stage") and composed[k] != base.get(k)}
+    assert changed <= set(delta), f"keys Hydra set that exp_delta misses: {changed - set(delta)}"
+    assert {k: applied[k] for k in delta} == {k: composed[k] for k in delta}
+
+
+def test_exp_delta_refuses_group_swaps_and_cycles(tmp_path, monkeypatch):
+    import mempo.stages.config as config
+
+    with pytest.raises(ValueError, match=r"exp/mempo.yaml: defaults entry .*override /model.* swaps a config group"):
+        config.exp_delta("mempo")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "a.yaml").write_text("defaults:\n  - b\noptim: {lr: 1.0}\n")
+    (tmp_path / "exp" / "b.yaml").write_text("defaults:\n  - a\n")
+    (tmp_path / "exp" / "c.yaml").write_text("defaults:\n  - nowhere\n")
+    (tmp_path / "exp" / "d.yaml").write_text("defaults:\n  - _self_\n  - e\noptim: {lr: 1.0}\n")
+    (tmp_path / "exp" / "e.yaml").write_text("optim: {lr: 2.0, weight_decay: 0.5}\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    with pytest.raises(ValueError, match=r"exp/a.yaml: its defaults list includes itself \(a -> b -> a\)"):
+        config.exp_delta("a")
+    with pytest.raises(ValueError, match=r"exp/nowhere.yaml: no such file .* \(in the defaults list of exp/c.yaml\)"):
+        config.exp_delta("c")
+    assert config.exp_delta("d") == {"optim.lr": 2.0, "optim.weight_decay": 0.5}  # _self_ first: e's keys win
