@@ -87,6 +87,10 @@ AVX2_SCALE = DEMO_RATES["avx2"]["rl_rollout"] / DEMO_RATES["avx512_bf16"]["rl_ro
 # S1's six 4-step runs took 242-385 s each, 307 s on average, on AVX512-BF16 (docs/results.md); DEMO_RATES' rl_rollout
 # is the demo's recipe (every layer trains, 16 rollouts a step) and overstated these runs 2x.
 STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
+# The same recipe on the fast path (exp/grpo_cpu_fast: a bf16 engine, compiled engine and update) where the CPU has
+# native bf16: the 40-step curve of docs/results.md took 1859 s for 1280 rollouts on a 2-core AMX Xeon, validation
+# every 10 steps and both compilations included. On AVX2 the fast path's switches resolve off: the rate above.
+FAST_PATH_ROLLOUT_S = 1.45
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
 # memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
 # (0.047 s each, the scorer's loading included; 2.08 a task-objective)
@@ -136,6 +140,17 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
     return out
 
 
+def rl_rollout_s(c: DictConfig, kind: str) -> float:
+    """Seconds per rollout of one arm-seed run of config ``c`` on a 2-core CPU of ``kind``: the grpo_cpu family's
+    measured rate where only the top layers train (``STUDY_RL_ROLLOUT_S``; ``FAST_PATH_ROLLOUT_S`` when its engine runs
+    in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``)."""
+    if not c.model.train_top_layers:
+        return DEMO_RATES[kind]["rl_rollout"]
+    if kind == "avx512_bf16" and c.sampler.get("dtype") in ("auto", "bfloat16"):
+        return FAST_PATH_ROLLOUT_S
+    return STUDY_RL_ROLLOUT_S[kind]
+
+
 def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], kind: str) -> dict[str, float]:
     """The study's expected wall time on a 2-core CPU of ``kind`` (``DEMO_RATES``), for what is not done yet:
     {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's), "eval", "memory_scores",
@@ -145,10 +160,8 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     if not cfg.study.warm_start and not finished(run_path(cfg, "warm_start")):
         ws = r["startup"] + cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives]) * r["sft_objective"]
 
-    rate = STUDY_RL_ROLLOUT_S[kind] if cfg.study.recipe == "grpo_cpu" else r["rl_rollout"]
-
     def one(c: DictConfig) -> float:
-        return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rate
+        return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rl_rollout_s(c, kind)
 
     todo = [one(c) for c in runs.values() if not finished(Path(c.run_dir))]
     per_objective = r["eval_objective"]

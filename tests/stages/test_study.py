@@ -90,6 +90,25 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("recipe", "kind", "rate"),
+    [
+        ("grpo_cpu_40", "avx512_bf16", "fast"),  # bf16 engine on a bf16 CPU: the fast path's measured rate
+        ("grpo_cpu_40", "avx2", "study"),  # its switches resolve off on AVX2: grpo_cpu's rate
+        ("grpo_cpu", "avx512_bf16", "study"),
+        ("grpo_cpu_lora", "avx512_bf16", "demo"),  # every layer adapts: the demo recipe's rate
+    ],
+)
+def test_the_expected_rl_time_follows_the_recipe(tmp_path: Path, recipe: str, kind: str, rate: str) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}", f"study.recipe={recipe}", "study.arms.mempo=null",
+                         "study.seeds=[0]", "trainer.max_steps=40", "study.warm_start=x")  # fmt: skip
+    per_rollout = {"fast": study_stage.FAST_PATH_ROLLOUT_S, "study": study_stage.STUDY_RL_ROLLOUT_S[kind],
+                   "demo": DEMO_RATES[kind]["rl_rollout"]}[rate]  # fmt: skip
+    got = expected_seconds(cfg, arm_seed_configs(cfg), kind)
+    # by hand: one run of 40 steps x 4 tasks x G = 8 (the grpo_cpu family's batch) at that rate, plus start-up
+    torch.testing.assert_close(got["runs"], DEMO_RATES[kind]["startup"] + 40 * 32 * per_rollout)
+
+
+@pytest.mark.parametrize(
     ("holds", "expected"),
     [
         ((), ("new", {"resume": False, "overwrite": False})),
