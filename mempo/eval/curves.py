@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mempo.eval.tables import pyplot
+from mempo.eval.tables import pyplot, save_figure
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
@@ -123,12 +123,9 @@ def plot_runs(
     ax_r.set_ylim(-0.02, 1.02)
     ax_v.set_ylim(-0.02, 1.02)
     ax_t.set_ylim(bottom=0)
-    fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=80)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from mempo.eval.report import read_records
 from mempo.eval.stats import seed_task_t_interval, t_quantile
-from mempo.eval.tables import pyplot
+from mempo.eval.tables import pyplot, save_figure
 
 STEP = re.compile(r"^s(\d+)$")
 
@@ -145,12 +145,9 @@ def plot_seed_curves(
     ax.set_title(title or "held-out EM of the policies kept during RL")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=80)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

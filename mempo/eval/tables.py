@@ -40,9 +40,9 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path) -> Path:
-    """Lay out, write at 120 dpi and close a figure."""
+def save_figure(fig: Any, path: Path, *, dpi: int = 120) -> Path:
+    """Lay out, write at ``dpi`` and close a figure."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
