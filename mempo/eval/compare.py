@@ -127,6 +127,9 @@ class GridResult:
     source_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
+GRID_FIELDS = ("rows", "records", "p_ans", "failures", "source_rows")  # GridResult's lists, in its field order
+
+
 def trajectory_record(traj: Trajectory, **keys: Any) -> dict[str, Any]:
     """One rollout as a JSON-able dict: ``keys`` (checkpoint, agent, objectives), the task, the outcome, TT/PT and
     every turn's memory, action and argument."""

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.console import progress, say
-from mempo.eval.compare import EvalConfig, GridResult, evaluate_grid
+from mempo.eval.compare import GRID_FIELDS, EvalConfig, GridResult, evaluate_grid
 from mempo.eval.report import log_to_wandb, write_report
 from mempo.lm.loading import load_policy, resolve_model_path
 from mempo.stages.builders import (
@@ -60,13 +60,20 @@ def engine_dtype(evaluation: EvalConfig, bf16: bool) -> str | None:
 
 
 def run_eval(
-    cfg: DictConfig, *, agents: Mapping[str, Sequence[str]] | None = None, out: Path | None = None
+    cfg: DictConfig,
+    *,
+    agents: Mapping[str, Sequence[str]] | None = None,
+    out: Path | None = None,
+    done: GridResult | None = None,
 ) -> dict[str, Any]:
     """The grid for every checkpoint, then ``<run_dir>/eval/`` (see ``write_report``).
 
     agents: checkpoint label -> the agents (contexts) that checkpoint is evaluated with (the headline evaluates a
     ReAct-trained checkpoint only as a full-history agent); a label not in it gets ``eval.agents``.
     out: the output folder instead of ``<run_dir>/eval``.
+    done: results an earlier evaluation under this config already holds for some of the checkpoints (the study's,
+    when arms are added to it): those checkpoints are not evaluated again, their results go into the report as they
+    are, and every row follows the order of ``eval.checkpoints``. The caller vouches that they are comparable.
     -> {"rows", "out", "files"}.
     """
     out = run_path(cfg, "eval") if out is None else Path(out)
@@ -84,8 +91,13 @@ def run_eval(
     bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
     if evaluation.engine_dtype and cfg.sampler.backend == "vllm":
         say(f"[mempo] eval: the engine runs in {engine_dtype(evaluation, bf16)} (eval.engine_dtype)")
-    total = GridResult([], [], [])
-    folders = checkpoint_folders(cfg)
+    order = list(checkpoint_folders(cfg))
+    kept = sorted({r["checkpoint"] for r in done.rows} & set(order), key=order.index) if done else []
+    earlier = done or GridResult([], [], [])
+    total = GridResult(*([x for x in getattr(earlier, f) if x["checkpoint"] in kept] for f in GRID_FIELDS))
+    if kept:
+        say(f"[mempo] eval: keeping the earlier results of {', '.join(kept)} (not evaluated again)")
+    folders = {label: f for label, f in checkpoint_folders(cfg).items() if label not in kept}
     reference = None
     if evaluation.kl_reference:  # one frozen copy for every checkpoint's KL (a second model in memory)
         say(f"[mempo] eval: KL of each checkpoint to {evaluation.kl_reference} (eval.kl_reference)")
@@ -127,13 +139,12 @@ def run_eval(
             )
         finally:
             sampler.shutdown()
-        total.rows += res.rows
-        total.records += res.records
-        total.p_ans += res.p_ans
-        total.failures += res.failures
-        total.source_rows += res.source_rows
+        for f in GRID_FIELDS:
+            getattr(total, f).extend(getattr(res, f))
         del policy
     bar.close()
+    for f in GRID_FIELDS:  # stable: each checkpoint's rows keep their order
+        getattr(total, f).sort(key=lambda x: order.index(x["checkpoint"]))
     scored = any(ev.score_memories for ev in (evaluation, *per_label.values()))
     num_tasks = max(len(tasks) for tasks in tasks_by_n.values())  # eval.num_tasks, or the split's size when null
     files = write_report(out, total, num_tasks=num_tasks, memories_scored=scored)

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
 from mempo.core.hardware import cpu_kind
+from mempo.eval.compare import GridResult
 from mempo.eval.memory_scores import MemoryItem, memory_items, plot_scores, score_markdown, score_study, task_means
 from mempo.eval.report import read_records
 from mempo.eval.seeds import (
@@ -329,20 +330,62 @@ def eval_key(cfg: DictConfig, folders: dict[str, Path]) -> dict[str, Any]:
     return {"config": plain, "checkpoints": {label: str(f) for label, f in folders.items()}, "exported": exported}
 
 
+def earlier_results(cfg: DictConfig, folders: dict[str, Path], out: Path) -> GridResult | None:
+    """The results an earlier evaluation in ``out`` (its study_eval.json and results.jsonl) holds for checkpoints of
+    ``folders``, when it ran under this config but for the study's own group and eval.checkpoints (an arm or seeds
+    added or dropped since) -> a ``GridResult`` of the checkpoints whose folder and export time are the ones it
+    evaluated, or None (nothing comparable; memories scored by the evaluation itself, eval.score_memories, are not
+    kept)."""
+    record = out / "study_eval.json"
+    if not record.is_file() or cfg.eval.score_memories:
+        return None
+    held = json.loads(record.read_text())
+    results = Path(held["result"]["files"]["results"])
+    key = json.loads(json.dumps(eval_key(cfg, folders)))
+
+    def comparable(config: dict[str, Any]) -> dict[str, Any]:
+        return {k: ({**v, "checkpoints": None} if k == "eval" else v) for k, v in config.items() if k != "study"}
+
+    if not results.is_file() or comparable(held["key"]["config"]) != comparable(key["config"]):
+        return None
+    ev = held["result"]
+    same = {
+        label
+        for label in folders
+        if held["key"]["checkpoints"].get(label) == key["checkpoints"][label]
+        and held["key"]["exported"].get(label) == key["exported"][label]
+    } & {r["checkpoint"] for r in ev["rows"]}
+    if not same:
+        return None
+    return GridResult(
+        [r for r in ev["rows"] if r["checkpoint"] in same],
+        [r for r in read_records(results) if r["checkpoint"] in same],
+        [],
+        [r for r in ev.get("failures", []) if r["checkpoint"] in same],
+        [r for r in ev.get("source_rows", []) if r["checkpoint"] in same],
+    )
+
+
 def evaluate_once(cfg: DictConfig, folders: dict[str, Path], out: Path) -> tuple[dict[str, Any], str]:
     """The study's one evaluation (``run_eval`` into ``out``), or the earlier one when ``out/study_eval.json`` says
-    it ran with the same ``eval_key`` (a study run again after an interruption past its RL runs) -> (its result,
-    "reused" | "evaluated")."""
+    it ran with the same ``eval_key`` (a study run again after an interruption past its RL runs); when it ran under
+    the same config for some of these checkpoints (``earlier_results``: an arm added to a finished study), only the
+    others are evaluated -> (its result, "reused" | "evaluated" | "evaluated; kept <labels>")."""
     key, record = eval_key(cfg, folders), out / "study_eval.json"
+    done = None
     if record.is_file() and not cfg.overwrite:
         held = json.loads(record.read_text())
         if held.get("key") == json.loads(json.dumps(key)) and Path(held["result"]["files"]["results"]).is_file():
             say(f"[mempo] study: reusing the evaluation in {out} (same config and checkpoints; overwrite=true redoes "
                 "it)")  # fmt: skip
             return held["result"], "reused"
-    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out)
+        done = earlier_results(cfg, folders, out)
+    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out, done=done)
     write_json(record, {"key": key, "result": ev})
-    return ev, "evaluated"
+    if done is None:
+        return ev, "evaluated"
+    kept = [label for label in folders if any(r["checkpoint"] == label for r in done.rows)]
+    return ev, "evaluated; kept " + ", ".join(kept)
 
 
 @stage("study")

@@ -222,7 +222,7 @@ def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path,
         (folders[label] / "config.json").write_text("{}")
     calls = []
 
-    def fake_run_eval(c, *, out):  # the real one runs in the tiny study below
+    def fake_run_eval(c, *, out, done=None):  # the real one runs in the tiny study below
         calls.append(dict(c.eval.checkpoints))
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.jsonl").write_text("")
@@ -344,3 +344,30 @@ def test_a_rerun_with_another_arm_delta_refuses_the_finished_runs(tiny_study) ->
                        r"optim\.lr \(1e-05 -> 3e-05\)"):  # fmt: skip
         run_stage(cfg)
     assert (run_dir / "study.json").stat().st_mtime == before
+
+
+def test_an_arm_dropped_then_added_back_is_the_only_one_evaluated_again(tiny_study, monkeypatch) -> None:
+    """The finished tiny study run again without its MemPO arm evaluates nothing (the warm start's and the ablation's
+    results are kept from the earlier evaluation), then with it again evaluates only MemPO's two seeds; the final
+    results equal the first evaluation's, record for record (greedy, the same tiny checkpoints)."""
+    import mempo.stages.evaluate as evaluate_stage
+
+    run_dir, _ = tiny_study
+    first = (run_dir / "eval" / "results.jsonl").read_text().splitlines()
+    evaluated = []
+    real = evaluate_stage.evaluate_grid
+
+    def counting(*args, checkpoint, **kwargs):
+        evaluated.append(checkpoint)
+        return real(*args, checkpoint=checkpoint, **kwargs)
+
+    monkeypatch.setattr(evaluate_stage, "evaluate_grid", counting)
+    base = ("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}")
+    dropped = run_stage(compose_config(*base, "study.arms.mempo=null"))
+    assert evaluated == [] and dropped["status"]["eval"] == "evaluated; kept warm_start, ablation_s0, ablation_s1"
+    kept = [r for r in first if json.loads(r)["checkpoint"] in ("warm_start", "ablation_s0", "ablation_s1")]
+    assert (run_dir / "eval" / "results.jsonl").read_text().splitlines() == kept
+    again = run_stage(compose_config(*base))
+    assert evaluated == ["mempo_s0", "mempo_s1"]
+    assert again["status"]["eval"] == "evaluated; kept warm_start, ablation_s0, ablation_s1"
+    assert (run_dir / "eval" / "results.jsonl").read_text().splitlines() == first
