@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -20,3 +21,13 @@ def cpu_kind() -> str:
     """``avx512_bf16`` where the CPU has native bf16 (``cpu_has_bf16``), else ``avx2``: the two kinds the measured
     rates and every timing in the docs are given for."""
     return "avx512_bf16" if cpu_has_bf16() else "avx2"
+
+
+def resident_gb() -> float:
+    """This process's resident memory now, in GiB (``/proc/self/statm``; 0.0 where the kernel has no such file). Logged
+    every RL step as perf/rss_gb, where a run whose steps slow down shows whether its memory grows with them."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30

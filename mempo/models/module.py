@@ -34,6 +34,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mempo.core.base import one_of, require, timed
+from mempo.core.hardware import resident_gb
 from mempo.core.tasks import Task
 from mempo.eval.memory_credit import credit_metrics, credit_records, unscored_metrics
 from mempo.lm.compiled import CompiledLayers
@@ -454,6 +455,7 @@ class MemPOModule(L.LightningModule):
             "perf/samples": float(len(rollouts.samples)),
             "perf/tokens": float(x.attention_mask.sum()),
             "perf/response_tokens": float(x.response_mask.sum()),
+            "perf/rss_gb": resident_gb(),  # the process's memory (the engine's included where it runs in-process)
             # The sampling policy's per-token entropy from the engine's log-probs, at no cost (sampler.logprobs=
             # tempered: the distribution the tokens were drawn from; raw: the untempered policy's cross-entropy)
             "rollout/token_entropy": float(sampled_token_entropy(x.sampler_logp, x.response_mask)),

@@ -92,6 +92,11 @@ STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
 # native bf16: the 40-step curve of docs/results.md took 1859 s for 1280 rollouts on a 2-core AMX Xeon, validation
 # every 10 steps and both compilations included. On AVX2 the fast path's switches resolve off: the rate above.
 FAST_PATH_ROLLOUT_S = 1.45
+# A run that scores its memories (memory.alpha > 0, or memory.log_p_ans) against the same recipe without: the MemPO
+# study's seed 3 took 3697 s where the control's ablation seed 3 took 1659 s (grpo_cpu_40, 40 steps, 2-core AMX
+# Xeon; docs/results.md): the scoring forward (10-20 s a step), every row updated (A^M is nonzero where A^T is 0) and
+# a generation rate that fell from about 400 to 290 tokens/s over the run (not diagnosed; the ablation's held 480).
+MEMORY_SCORING_FACTOR = 2.2
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
 # memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
 # (0.047 s each, the scorer's loading included; 2.08 a task-objective)
@@ -116,6 +121,11 @@ def run_arms(cfg: DictConfig) -> list[str]:
 def warm_start_folder(cfg: DictConfig) -> Path:
     """study.warm_start, or <run_dir>/warm_start/hf."""
     return Path(cfg.study.warm_start) if cfg.study.warm_start else run_path(cfg, "warm_start", "hf")
+
+
+def study_checkpoints(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> dict[str, Path]:
+    """The study's checkpoints, label -> HF folder: the warm start, then each arm-seed's final policy."""
+    return {"warm_start": warm_start_folder(cfg)} | {f"{a}_s{s}": Path(c.run_dir) / "hf" for (a, s), c in runs.items()}
 
 
 def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
@@ -144,12 +154,14 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
 def rl_rollout_s(c: DictConfig, kind: str) -> float:
     """Seconds per rollout of one arm-seed run of config ``c`` on a 2-core CPU of ``kind``: the grpo_cpu family's
     measured rate where only the top layers train (``STUDY_RL_ROLLOUT_S``; ``FAST_PATH_ROLLOUT_S`` when its engine runs
-    in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``)."""
+    in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``); times
+    ``MEMORY_SCORING_FACTOR`` for a top-layers run that scores its memories (the rates above are ablations')."""
     if not c.model.train_top_layers:
         return DEMO_RATES[kind]["rl_rollout"]
+    scoring = MEMORY_SCORING_FACTOR if c.memory.alpha != 0 or c.memory.log_p_ans else 1.0
     if kind == "avx512_bf16" and c.sampler.get("dtype") in ("auto", "bfloat16"):
-        return FAST_PATH_ROLLOUT_S
-    return STUDY_RL_ROLLOUT_S[kind]
+        return FAST_PATH_ROLLOUT_S * scoring
+    return STUDY_RL_ROLLOUT_S[kind] * scoring
 
 
 def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], kind: str) -> dict[str, float]:
@@ -168,15 +180,19 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     per_objective = r["eval_objective"]
     if kind == "avx512_bf16" and cfg.eval.engine_dtype == "float32":
         per_objective *= FLOAT32_EVAL_FACTOR
-    checkpoints = 1 + len(runs)
-    ev = checkpoints * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
+    folders = study_checkpoints(cfg, runs)
+    ready = {label: f for label, f in folders.items() if (f / "config.json").is_file()}
+    held = earlier_results(cfg, ready, run_path(cfg) / "eval") if ready else None
+    kept = len({row["checkpoint"] for row in held.rows}) if held else 0
+    ev = (len(folders) - kept) * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
     scores = 0.0
-    if cfg.study.memory_scores:
-        memories = checkpoints * cfg.eval.num_tasks * sum(cfg.eval.objectives) * MEMORIES_PER_OBJECTIVE
+    if cfg.study.memory_scores:  # every checkpoint's memories, scored again on every run of the study
+        memories = len(folders) * cfg.eval.num_tasks * sum(cfg.eval.objectives) * MEMORIES_PER_OBJECTIVE
         scores = r["startup"] + memories * SCORE_S_PER_MEMORY[kind]
     t = {"warm_start": ws, "runs": sum(todo), "eval": ev, "memory_scores": scores}
     total = ws + sum(todo) + ev + scores
-    return t | {"per_run": one(next(iter(runs.values()))), "to_train": len(todo), "total": total}
+    per_run = one(next(iter(runs.values())))
+    return t | {"per_run": per_run, "to_train": len(todo), "kept": kept, "checkpoints": len(folders), "total": total}
 
 
 def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> None:
@@ -187,12 +203,13 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     t = expected_seconds(cfg, runs, kind)
     what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
     k, arms = len(cfg.study.seeds), len(run_arms(cfg))
+    kept = f" ({t['kept']} kept from an earlier evaluation)" if t["kept"] else ""
     say(
         f"[mempo] study: {arms} arms x {k} seeds x {cfg.trainer.max_steps} RL steps; expected about "
         f"{t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start ~{t['warm_start'] / 60:.0f}, "
         f"{t['to_train']} RL runs to train ~{t['runs'] / 60:.0f} (~{t['per_run'] / 60:.0f} each), evaluation of "
-        f"{1 + len(runs)} checkpoints ~{t['eval'] / 60:.0f}, memory scores ~{t['memory_scores'] / 60:.0f} min (more "
-        "with fewer cores)"
+        f"{t['checkpoints'] - t['kept']} checkpoints ~{t['eval'] / 60:.0f}{kept}, memory scores "
+        f"~{t['memory_scores'] / 60:.0f} min (more with fewer cores)"
     )
 
 
@@ -409,9 +426,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         phases[f"{arm}_s{seed}_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    folders = {"warm_start": warm_start_folder(cfg)} | {
-        f"{a}_s{s}": Path(c.run_dir) / "hf" for (a, s), c in runs.items()
-    }
+    folders = study_checkpoints(cfg, runs)
     n_list = list(cfg.eval.objectives)
     say(f"[mempo] study: evaluating {len(folders)} checkpoints on the same {cfg.eval.num_tasks} held-out tasks per "
         f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip

@@ -75,18 +75,49 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
     r = DEMO_RATES["avx512_bf16"]
     got = expected_seconds(cfg, arm_seed_configs(cfg), "avx512_bf16")
     # by hand: the warm start, 96 teacher tasks each of 1 and 2 objectives; 4 runs of 6 steps x 4 tasks x G=8 at the
-    # grpo_cpu recipe's measured rate (the study's default recipe);
+    # grpo_cpu recipe's measured rate (the study's default recipe), MemPO's two at 2.2x (they score their memories);
     # 5 checkpoints x 10 two-objective tasks at the bf16 rate x 0.9 (the float32 engine S1 measured)
     ws = r["startup"] + 288 * r["sft_objective"]
     run = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"]  # grpo_cpu's own rate
+    mempo = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"] * 2.2
     ev = 5 * (r["startup"] + 20 * r["eval_objective"] * 0.9)
     # the fixed scorer: 5 checkpoints x 10 tasks x 2 objectives x 2 memories an objective
     sc = r["startup"] + 200 * study_stage.SCORE_S_PER_MEMORY["avx512_bf16"]
     torch.testing.assert_close(
         torch.tensor([got["warm_start"], got["runs"], got["eval"], got["memory_scores"], got["total"]],
                      dtype=torch.float64),
-        torch.tensor([ws, 4 * run, ev, sc, ws + 4 * run + ev + sc], dtype=torch.float64),
+        torch.tensor([ws, 2 * run + 2 * mempo, ev, sc, ws + 2 * run + 2 * mempo + ev + sc], dtype=torch.float64),
     )  # fmt: skip
+
+
+def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_holds(tmp_path, monkeypatch) -> None:
+    """A finished one-arm study's evaluation (warm start, ablation seed 0), then the MemPO arm added: only MemPO's
+    checkpoint is expected to be evaluated, while every checkpoint's memories are scored again."""
+    base = ("+exp=study", f"run_dir={tmp_path}", "study.seeds=[0]", "eval.num_tasks=10")
+    one_arm = compose_config(*base, "study.arms.mempo=null")
+    folders = study_stage.study_checkpoints(one_arm, arm_seed_configs(one_arm))
+    for f in folders.values():
+        f.mkdir(parents=True)
+        (f / "config.json").write_text("{}")
+
+    def fake_run_eval(c, *, out, done=None):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.jsonl").write_text("")
+        rows = [{"checkpoint": label} for label in c.eval.checkpoints]
+        return {"rows": rows, "out": str(out), "files": {"results": str(out / "results.jsonl")}}
+
+    monkeypatch.setattr(study_stage, "run_eval", fake_run_eval)
+    study_stage.evaluate_once(one_arm, folders, tmp_path / "eval")
+    both = compose_config(*base)
+    r = DEMO_RATES["avx512_bf16"]
+    per_checkpoint = r["startup"] + 20 * r["eval_objective"] * study_stage.FLOAT32_EVAL_FACTOR
+    got = expected_seconds(both, arm_seed_configs(both), "avx512_bf16")
+    assert (got["checkpoints"], got["kept"], got["to_train"]) == (3, 2, 1)
+    torch.testing.assert_close(got["eval"], per_checkpoint)
+    scores = r["startup"] + 3 * 20 * 2 * study_stage.SCORE_S_PER_MEMORY["avx512_bf16"]
+    torch.testing.assert_close(got["memory_scores"], scores)
+    other = compose_config(*base, "eval.num_tasks=12")  # another evaluation config keeps nothing
+    assert expected_seconds(other, arm_seed_configs(other), "avx512_bf16")["kept"] == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,31 @@
+"""resident_gb against the kernel's own VmRSS line, and its growth with a tensor the test allocates and touches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mempo.core.hardware import resident_gb
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux's /proc")
+
+
+def vm_rss_gb() -> float:
+    """VmRSS of /proc/self/status (kB), read independently of statm."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 2**20
+
+
+def test_resident_gb_is_the_kernels_vm_rss() -> None:
+    # the two reads are a few microseconds apart: within 16 MiB of each other
+    assert abs(resident_gb() - vm_rss_gb()) < 16 / 1024
+
+
+def test_resident_gb_grows_by_a_touched_allocation() -> None:
+    before = resident_gb()
+    x = torch.ones(64 * 2**20, dtype=torch.float32)  # 256 MiB, every page written
+    grown = resident_gb() - before
+    assert 0.24 < grown < 0.30, grown
+    del x
