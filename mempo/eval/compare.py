@@ -9,7 +9,7 @@ which is the memory analysis of docs/algorithm.md §2 (MemPO's memory advantage 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -125,6 +125,10 @@ class GridResult:
     # checkpoint, agent, objectives, source, tasks, em, f1 (and em_mem1, f1_mem1): only where tasks of more than one
     # data_source were scored together
     source_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def only(self, checkpoints: Collection[str]) -> GridResult:
+        """The same lists with only the entries of ``checkpoints`` (labels)."""
+        return GridResult(*([x for x in getattr(self, f) if x["checkpoint"] in checkpoints] for f in GRID_FIELDS))
 
 
 GRID_FIELDS = ("rows", "records", "p_ans", "failures", "source_rows")  # GridResult's lists, in its field order

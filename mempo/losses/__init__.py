@@ -37,8 +37,10 @@ from .advantages import (
     memory_rewards,
     per_objective_answer_probability,
     register_advantage,
+    scores_memories,
     token_advantages,
     trajectory_advantages,
+    uses_memory_rewards,
 )
 from .aggregate import AGG_MODES, aggregate, loss_weights
 from .objective import LossConfig, engine_mismatch, policy_objective, sampled_token_entropy, tis_weights
@@ -73,7 +75,9 @@ __all__ = [
     "per_objective_answer_probability",
     "policy_objective",
     "register_advantage",
+    "scores_memories",
     "tis_weights",
     "token_advantages",
     "trajectory_advantages",
+    "uses_memory_rewards",
 ]

@@ -279,6 +279,18 @@ class AdvantageConfig:
         return ADVANTAGE_ESTIMATORS[self.estimator].needs_memory_scores
 
 
+def uses_memory_rewards(memory: MemoryConfig, advantage: AdvantageConfig) -> bool:
+    """Whether the advantage reads R^M: an estimator that uses it (not GRPO) at alpha > 0, the memory advantage's
+    weight."""
+    return memory.alpha != 0 and advantage.needs_memory_scores
+
+
+def scores_memories(memory: MemoryConfig, advantage: AdvantageConfig) -> bool:
+    """Whether an RL step runs the memory-scoring forward over every memory: for the advantage
+    (``uses_memory_rewards``), or only to log P(ans | q, m) (``memory.log_p_ans``)."""
+    return uses_memory_rewards(memory, advantage) or memory.log_p_ans
+
+
 class AdvantageEstimator(Protocol):
     """[N, T] token advantages from the batch's tensors and the two config groups it may read."""
 

@@ -54,7 +54,9 @@ from mempo.losses import (
     memory_rewards,
     policy_objective,
     sampled_token_entropy,
+    scores_memories,
     trajectory_advantages,
+    uses_memory_rewards,
 )
 from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
@@ -286,12 +288,12 @@ class MemPOModule(L.LightningModule):
     def uses_memory_rewards(self) -> bool:
         """False when the estimator cannot use R^M (GRPO, or any estimator with alpha = 0, the weight of the memory
         advantage): the scoring forward over every memory is then skipped."""
-        return self.memory_cfg.alpha != 0 and self.advantage_cfg.needs_memory_scores
+        return uses_memory_rewards(self.memory_cfg, self.advantage_cfg)
 
     @property
     def scores_memories(self) -> bool:
         """Whether a step runs the memory-scoring forward: for the advantage, or only to log P(ans | q, m)."""
-        return self.uses_memory_rewards or self.memory_cfg.log_p_ans
+        return scores_memories(self.memory_cfg, self.advantage_cfg)
 
     @staticmethod
     def advantage_inputs(x: TurnBatch, mem_rewards: torch.Tensor, mem_valid: torch.Tensor) -> AdvantageInputs:

@@ -92,9 +92,9 @@ def run_eval(
     if evaluation.engine_dtype and cfg.sampler.backend == "vllm":
         say(f"[mempo] eval: the engine runs in {engine_dtype(evaluation, bf16)} (eval.engine_dtype)")
     order = list(checkpoint_folders(cfg))
-    kept = sorted({r["checkpoint"] for r in done.rows} & set(order), key=order.index) if done else []
-    earlier = done or GridResult([], [], [])
-    total = GridResult(*([x for x in getattr(earlier, f) if x["checkpoint"] in kept] for f in GRID_FIELDS))
+    held = {r["checkpoint"] for r in done.rows} if done else set()
+    kept = [label for label in order if label in held]
+    total = done.only(kept) if done else GridResult([], [], [])
     if kept:
         say(f"[mempo] eval: keeping the earlier results of {', '.join(kept)} (not evaluated again)")
     folders = {label: f for label, f in checkpoint_folders(cfg).items() if label not in kept}

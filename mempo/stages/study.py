@@ -55,6 +55,7 @@ from mempo.eval.seeds import (
 )
 from mempo.lm.loading import load_policy
 from mempo.lm.scoring import memory_answer_probabilities
+from mempo.losses import scores_memories
 from mempo.stages.builders import build_builder, group, run_path
 from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision, schema
 from mempo.stages.evaluate import run_eval
@@ -92,7 +93,7 @@ STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
 # native bf16: the 40-step curve of docs/results.md took 1859 s for 1280 rollouts on a 2-core AMX Xeon, validation
 # every 10 steps and both compilations included. On AVX2 the fast path's switches resolve off: the rate above.
 FAST_PATH_ROLLOUT_S = 1.45
-# A run that scores its memories (memory.alpha > 0, or memory.log_p_ans) against the same recipe without: the MemPO
+# A run that scores its memories (mempo.losses.scores_memories) against the same recipe without: the MemPO
 # study's seed 3 took 3697 s where the control's ablation seed 3 took 1659 s (grpo_cpu_40, 40 steps, 2-core AMX
 # Xeon; docs/results.md): the scoring forward (10-20 s a step), every row updated (A^M is nonzero where A^T is 0) and
 # a generation rate that fell from about 400 to 290 tokens/s over the run (not diagnosed; the ablation's held 480).
@@ -155,10 +156,11 @@ def rl_rollout_s(c: DictConfig, kind: str) -> float:
     """Seconds per rollout of one arm-seed run of config ``c`` on a 2-core CPU of ``kind``: the grpo_cpu family's
     measured rate where only the top layers train (``STUDY_RL_ROLLOUT_S``; ``FAST_PATH_ROLLOUT_S`` when its engine runs
     in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``); times
-    ``MEMORY_SCORING_FACTOR`` for a top-layers run that scores its memories (the rates above are ablations')."""
+    ``MEMORY_SCORING_FACTOR`` for a top-layers run that scores its memories (``mempo.losses.scores_memories``; the
+    rates above are ablations')."""
     if not c.model.train_top_layers:
         return DEMO_RATES[kind]["rl_rollout"]
-    scoring = MEMORY_SCORING_FACTOR if c.memory.alpha != 0 or c.memory.log_p_ans else 1.0
+    scoring = MEMORY_SCORING_FACTOR if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
     if kind == "avx512_bf16" and c.sampler.get("dtype") in ("auto", "bfloat16"):
         return FAST_PATH_ROLLOUT_S * scoring
     return STUDY_RL_ROLLOUT_S[kind] * scoring
@@ -182,8 +184,7 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
         per_objective *= FLOAT32_EVAL_FACTOR
     folders = study_checkpoints(cfg, runs)
     ready = {label: f for label, f in folders.items() if (f / "config.json").is_file()}
-    held = earlier_results(cfg, ready, run_path(cfg) / "eval") if ready else None
-    kept = len({row["checkpoint"] for row in held.rows}) if held else 0
+    kept = len(comparable_checkpoints(cfg, ready, run_path(cfg) / "eval")) if ready else 0
     ev = (len(folders) - kept) * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
     scores = 0.0
     if cfg.study.memory_scores:  # every checkpoint's memories, scored again on every run of the study
@@ -347,40 +348,41 @@ def eval_key(cfg: DictConfig, folders: dict[str, Path]) -> dict[str, Any]:
     return {"config": plain, "checkpoints": {label: str(f) for label, f in folders.items()}, "exported": exported}
 
 
-def earlier_results(cfg: DictConfig, folders: dict[str, Path], out: Path) -> GridResult | None:
-    """The results an earlier evaluation in ``out`` (its study_eval.json and results.jsonl) holds for checkpoints of
-    ``folders``, when it ran under this config but for the study's own group and eval.checkpoints (an arm or seeds
-    added or dropped since) -> a ``GridResult`` of the checkpoints whose folder and export time are the ones it
-    evaluated, or None (nothing comparable; memories scored by the evaluation itself, eval.score_memories, are not
-    kept)."""
+def comparable_checkpoints(cfg: DictConfig, folders: dict[str, Path], out: Path) -> set[str]:
+    """The labels of ``folders`` an earlier evaluation in ``out`` (its study_eval.json) holds results for, when it
+    ran under this config but for the study's own group and eval.checkpoints (an arm or seeds added or dropped since)
+    and with the same folder and export time for that label; empty when nothing is comparable (memories scored by the
+    evaluation itself, eval.score_memories, are not kept)."""
     record = out / "study_eval.json"
     if not record.is_file() or cfg.eval.score_memories:
-        return None
+        return set()
     held = json.loads(record.read_text())
-    results = Path(held["result"]["files"]["results"])
     key = json.loads(json.dumps(eval_key(cfg, folders)))
 
     def comparable(config: dict[str, Any]) -> dict[str, Any]:
         return {k: ({**v, "checkpoints": None} if k == "eval" else v) for k, v in config.items() if k != "study"}
 
-    if not results.is_file() or comparable(held["key"]["config"]) != comparable(key["config"]):
-        return None
-    ev = held["result"]
-    same = {
+    if not Path(held["result"]["files"]["results"]).is_file():
+        return set()
+    if comparable(held["key"]["config"]) != comparable(key["config"]):
+        return set()
+    return {
         label
         for label in folders
         if held["key"]["checkpoints"].get(label) == key["checkpoints"][label]
         and held["key"]["exported"].get(label) == key["exported"][label]
-    } & {r["checkpoint"] for r in ev["rows"]}
+    } & {r["checkpoint"] for r in held["result"]["rows"]}
+
+
+def earlier_results(cfg: DictConfig, folders: dict[str, Path], out: Path) -> GridResult | None:
+    """The results an earlier evaluation in ``out`` holds for the ``comparable_checkpoints`` of ``folders`` (from its
+    study_eval.json and results.jsonl) -> a ``GridResult``, or None when there are none."""
+    same = comparable_checkpoints(cfg, folders, out)
     if not same:
         return None
-    return GridResult(
-        [r for r in ev["rows"] if r["checkpoint"] in same],
-        [r for r in read_records(results) if r["checkpoint"] in same],
-        [],
-        [r for r in ev.get("failures", []) if r["checkpoint"] in same],
-        [r for r in ev.get("source_rows", []) if r["checkpoint"] in same],
-    )
+    ev = json.loads((out / "study_eval.json").read_text())["result"]
+    records = read_records(Path(ev["files"]["results"]))
+    return GridResult(ev["rows"], records, [], ev.get("failures", []), ev.get("source_rows", [])).only(same)
 
 
 def evaluate_once(cfg: DictConfig, folders: dict[str, Path], out: Path) -> tuple[dict[str, Any], str]:

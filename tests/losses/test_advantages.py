@@ -15,7 +15,9 @@ from mempo.losses import (
     memory_advantage,
     memory_rewards,
     register_advantage,
+    scores_memories,
     token_advantages,
+    uses_memory_rewards,
 )
 
 
@@ -214,3 +216,18 @@ def test_registry_accepts_a_new_estimator():
     x = _turn_batch(1)
     out = compute_advantages(x, MemoryConfig(), AdvantageConfig("test_constant_one"))
     assert_close(out, x.response_mask.float())
+
+
+@pytest.mark.parametrize(
+    ("estimator", "alpha", "log_p_ans", "uses", "scores"),
+    [
+        ("mempo", 1.0, False, True, True),  # MemPO: R^M in the advantage, every memory scored
+        ("mempo", 0.0, False, False, False),  # the ablation: no forward at all
+        ("mempo", 0.0, True, False, True),  # the ablation that logs P(ans | q, m) only
+        ("grpo", 1.0, False, False, False),  # GRPO reads no R^M whatever alpha says
+        ("grpo", 1.0, True, False, True),
+    ],
+)
+def test_which_runs_score_their_memories(estimator, alpha, log_p_ans, uses, scores) -> None:
+    memory, advantage = MemoryConfig(alpha=alpha, log_p_ans=log_p_ans), AdvantageConfig(estimator=estimator)
+    assert (uses_memory_rewards(memory, advantage), scores_memories(memory, advantage)) == (uses, scores)
