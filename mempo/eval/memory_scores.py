@@ -5,9 +5,10 @@ one scorer leaves only the memories.
 
     memory_items    an evaluation's records (results.jsonl) -> one item per well-formed turn that wrote a memory
     task_means      scored items -> (checkpoint, N) -> task_id -> mean P over that task's memories
+    turn_scores     scored items -> (checkpoint, N) -> task_id -> turn -> P
     score_study     per arm the per-seed means; per comparison (every arm against the reference arm and against the
                     warm start) ``mempo.eval.seeds.compare`` over the tasks both sides wrote memories for at every
-                    seed
+                    seed, of the task means (``p_gold``) and turn by turn (``p_gold_turn``)
     score_markdown  its tables; ``plot_scores``: per arm the distribution of P (seeds pooled), the paper's figure
 
 The scoring itself (loading the scorer) is the study stage's (``mempo.stages.study``).
@@ -15,6 +16,7 @@ The scoring itself (loading the scorer) is the study stage's (``mempo.stages.stu
 
 from __future__ import annotations
 
+import csv
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -28,6 +30,11 @@ from mempo.eval.seeds import compare, comparison_table
 from mempo.eval.tables import markdown_table, pyplot, save_figure
 
 METRIC = "p_gold"
+# The same comparison at matched turns: per seed and task, the mean over the turns both sides wrote a memory at. A
+# memory's P rises with its turn (it holds more answers), so ``p_gold`` of an arm whose rollouts stop sooner is lower
+# with memories no worse turn for turn; the MemPO study (docs/results.md) read -0.0068 in p_gold and +0.0010 here.
+METRIC_TURN = "p_gold_turn"
+TurnScores = dict[tuple[str, int], dict[str, dict[int, float]]]
 LOG10_FLOOR = -8.0  # the figure's left edge: P below 1e-8 is drawn there
 
 
@@ -72,6 +79,56 @@ def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[st
     for it, v in zip(items, p):
         found[(it.checkpoint, it.objectives)][it.task_id].append(float(v))
     return {k: {t: float(np.mean(vs)) for t, vs in by.items()} for k, by in found.items()}
+
+
+def turn_scores(items: Sequence[MemoryItem], p: Sequence[float]) -> TurnScores:
+    """(checkpoint, N) -> task_id -> turn -> P of the memory that turn wrote."""
+    if len(items) != len(p):
+        raise ValueError(f"{len(items)} memories but {len(p)} scores")
+    found: TurnScores = defaultdict(lambda: defaultdict(dict))
+    for it, v in zip(items, p):
+        found[(it.checkpoint, it.objectives)][it.task_id][it.turn] = float(v)
+    return {k: dict(by) for k, by in found.items()}
+
+
+MEMORY_SCORES_COLUMNS = ("checkpoint", "objectives", "task_id", "turn", "p_gold")  # the study's memory_scores.csv
+
+
+def read_turn_scores(path: Path) -> TurnScores:
+    """``turn_scores`` read back from a study's memory_scores.csv (one row per scored memory); a ValueError naming
+    the file, line and column of a row it cannot read."""
+    with Path(path).open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in MEMORY_SCORES_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: no column(s) {missing}; a study's memory_scores.csv has {MEMORY_SCORES_COLUMNS}")
+        found: TurnScores = defaultdict(lambda: defaultdict(dict))
+        for line, row in enumerate(reader, start=2):
+            key = "objectives"
+            try:
+                n = int(row[key])
+                key = "turn"
+                turn = int(row[key])
+                key = "p_gold"
+                found[(row["checkpoint"], n)][row["task_id"]][turn] = float(row[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {line}: column {key} is {row[key]!r}, not a number") from None
+    return {k: dict(by) for k, by in found.items()}
+
+
+def _turn_matched(
+    a: Mapping[str, Mapping[int, float]], b: Mapping[str, Mapping[int, float]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per task where both sides wrote a memory at one turn or more: each side's mean P over those common turns, so
+    that b - a is the mean over the common turns of b's P minus a's."""
+    out_a: dict[str, float] = {}
+    out_b: dict[str, float] = {}
+    for task in set(a) & set(b):
+        common = sorted(set(a[task]) & set(b[task]))
+        if common:
+            out_a[task] = float(np.mean([a[task][t] for t in common]))
+            out_b[task] = float(np.mean([b[task][t] for t in common]))
+    return out_a, out_b
 
 
 def _per_seed(means: Mapping[tuple[str, int], Mapping[str, float]], labels: Mapping[int, str], n: int) -> dict:
@@ -121,7 +178,13 @@ def score_study(
     over the tasks both sides wrote memories for at every seed (per-seed differences, the seed-plus-task t-interval
     the verdict reads, the crossed bootstrap)."""
     return score_means(
-        task_means(items, p), arms, memories=len(items), reference=reference, warm_start=warm_start, level=level
+        task_means(items, p),
+        arms,
+        memories=len(items),
+        reference=reference,
+        warm_start=warm_start,
+        level=level,
+        turns=turn_scores(items, p),
     )
 
 
@@ -133,9 +196,11 @@ def score_means(
     reference: str,
     warm_start: str | None = None,
     level: float = 0.95,
+    turns: TurnScores | None = None,
 ) -> dict[str, Any]:
     """``score_study`` from the per-task means (``task_means``: (checkpoint, N) -> task -> mean P), e.g. read back
-    from a study's per_task.csv; ``memories``: how many memories they average (None when unknown)."""
+    from a study's per_task.csv; ``memories``: how many memories they average (None when unknown). With ``turns``
+    (``turn_scores``, e.g. read back from a study's memory_scores.csv) every comparison also holds ``p_gold_turn``."""
     ns = sorted({n for _, n in means})
     out: dict[str, Any] = {"metric": METRIC, "objectives": ns, "memories": memories, "arms": {}, "warm_start": None}
     for arm, labels in arms.items():
@@ -148,13 +213,20 @@ def score_means(
     comparisons = []
     for arm, against in pairs:
         for n in ns:
-            b = {s: means.get((label, n), {}) for s, label in arms[arm].items()}
-            if against == "warm_start":
-                a = {s: means.get((warm_start, n), {}) for s in b}
-            else:
-                a = {s: means.get((arms[against][s], n), {}) for s in b}
-            comparisons.append({"arm": arm, "against": against, "N": n,
-                                METRIC: _compare_on_common_tasks(a, b, (against, arm), level)})  # fmt: skip
+            # per seed the label of each side: the arm's checkpoint, and the reference arm's or the warm start's
+            sides = {s: (warm_start if against == "warm_start" else arms[against][s], label)
+                     for s, label in arms[arm].items()}  # fmt: skip
+            a = {s: means.get((ref, n), {}) for s, (ref, _) in sides.items()}
+            b = {s: means.get((own, n), {}) for s, (_, own) in sides.items()}
+            row = {"arm": arm, "against": against, "N": n}
+            row[METRIC] = _compare_on_common_tasks(a, b, (against, arm), level)
+            if turns is not None:
+                matched = {s: _turn_matched(turns.get((ref, n), {}), turns.get((own, n), {}))
+                           for s, (ref, own) in sides.items()}  # fmt: skip
+                row[METRIC_TURN] = _compare_on_common_tasks(
+                    {s: m[0] for s, m in matched.items()}, {s: m[1] for s, m in matched.items()}, (against, arm), level
+                )
+            comparisons.append(row)
     out["comparisons"] = comparisons
     return out
 
@@ -177,7 +249,13 @@ def score_markdown(study: Mapping[str, Any]) -> str:
                 "mean P per seed": ", ".join(fmt(v) for v in by["per_seed"]), "seed mean": fmt(by["mean"]),
             })  # fmt: skip
     cols = ["arm", "N", "tasks with memories per seed", "mean P per seed", "seed mean"]
-    return "\n".join([markdown_table(rows, cols), "", comparison_table(study["comparisons"], (METRIC,), digits=4)])
+    turn = all(METRIC_TURN in c for c in study["comparisons"]) and study["comparisons"]
+    table = comparison_table(study["comparisons"], (METRIC, METRIC_TURN) if turn else (METRIC,), digits=4)
+    note = (
+        f"{METRIC.upper()}: each task's mean P over its memories; {METRIC_TURN.upper()}: at the turns both sides wrote "
+        "a memory at (a memory's P rises with its turn, so shorter rollouts lower P_GOLD alone)."
+    )
+    return "\n".join([markdown_table(rows, cols), "", table] + (["", note] if turn else []))
 
 
 def plot_scores(

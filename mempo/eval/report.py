@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
-from mempo.eval.memory_scores import score_markdown, score_means
+from mempo.eval.memory_scores import read_turn_scores, score_markdown, score_means
 from mempo.eval.seeds import parse_arm, seed_study, study_from_per_task, study_markdown
 from mempo.eval.tables import markdown_table, pyplot, save_figure
 
@@ -416,6 +416,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--per-task", default=None, type=Path, metavar="CSV",
                     help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed, with "
                     "--reference as the study's (default: the first arm)")  # fmt: skip
+    ap.add_argument("--memory-scores", default=None, type=Path, metavar="CSV",
+                    help="with --per-task: the study's memory_scores.csv (one row per memory), to compare the memory "
+                    "scores turn by turn too (P_GOLD_TURN)")  # fmt: skip
     ap.add_argument("--mean", action="append", default=[], metavar="NAME=A,B",
                     help="add a checkpoint NAME whose per-task values are the means of checkpoints A, B, ... "
                     "(e.g. a recipe's seeds), paired against the first like the others")  # fmt: skip
@@ -434,8 +437,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.eval_dirs or args.arm or args.mean or args.base or args.warm_start:
             raise SystemExit("--per-task: the CSV holds the whole study; give no EVAL_DIR, --arm, --mean, --base or "
                              "--warm-start with it")  # fmt: skip
-        print(per_task_report(args.per_task, reference=args.reference, json_path=args.json))
+        print(per_task_report(args.per_task, reference=args.reference, json_path=args.json,
+                              memory_scores=args.memory_scores))  # fmt: skip
         return
+    if args.memory_scores is not None:
+        raise SystemExit("--memory-scores goes with --per-task")
     if not args.eval_dirs:
         raise SystemExit("give at least one EVAL_DIR (or --per-task CSV)")
     if args.arm:
@@ -480,10 +486,17 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     return records
 
 
-def per_task_report(path: Path, *, reference: str | None = None, json_path: Path | None = None) -> str:
+def per_task_report(
+    path: Path,
+    *,
+    reference: str | None = None,
+    json_path: Path | None = None,
+    memory_scores: Path | None = None,
+) -> str:
     """A study's seed-level tables recomputed from its per_task.csv (``mempo.eval.seeds.study_from_per_task``): the
-    EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``). With
-    ``json_path`` the report is also written there ({"study", "memory_scores"})."""
+    EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``); with the
+    study's ``memory_scores`` CSV (one row per memory) also turn by turn (``p_gold_turn``). With ``json_path`` the
+    report is also written there ({"study", "memory_scores"})."""
     with Path(path).open(newline="") as f:
         try:
             records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
@@ -491,8 +504,14 @@ def per_task_report(path: Path, *, reference: str | None = None, json_path: Path
         except ValueError as e:
             raise SystemExit(f"--per-task {path}: {e}") from None
     out, report = [study_markdown(study)], {"study": study, "memory_scores": None}
+    if memory_scores is not None and not means:
+        raise SystemExit(f"--memory-scores: {path} holds no memory scores to compare turn by turn")
     if means:
-        scores = score_means(means, arms, memories=None, reference=study["reference"], warm_start=warm)
+        try:
+            turns = read_turn_scores(memory_scores) if memory_scores is not None else None
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--memory-scores: {e}") from None
+        scores = score_means(means, arms, memories=None, reference=study["reference"], warm_start=warm, turns=turns)
         report["memory_scores"] = scores
         out += ["", "Memory scores (each task's mean P(gold | question, memory) under the study's scorer):", "",
                 score_markdown(scores)]  # fmt: skip

@@ -11,7 +11,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mempo.eval.memory_scores import MemoryItem, memory_items, score_markdown, score_study, task_means
+from mempo.eval.memory_scores import (
+    MemoryItem,
+    memory_items,
+    read_turn_scores,
+    score_markdown,
+    score_study,
+    task_means,
+    turn_scores,
+)
 from mempo.lm.loading import load_policy
 from mempo.stages.builders import build_builder
 from mempo.stages.config import compose_config
@@ -75,6 +83,46 @@ def test_per_task_and_per_seed_means_and_the_paired_comparison_by_hand() -> None
     # b - ws: seed 0 (0.4 + 0 + 0.6) / 3, seed 1 (0 + 0.2 + 0.2) / 3: the warm start's one checkpoint for each seed
     assert ws["per_seed"] == pytest.approx([1.0 / 3, 0.4 / 3])
     assert "| b - a | 2 | P_GOLD | 0.2000, 0.1000 | 0.1500 | [-0.4853, 0.7853] | 1.0 |" in score_markdown(st)
+
+
+def test_the_turn_matched_comparison_by_hand() -> None:
+    """p_gold_turn: per seed and task, each side's mean P over the turns both wrote a memory at. Here arm b's rollout
+    on t1 at seed 0 stops a turn sooner than a's, so its task mean is lower while it matches a turn for turn."""
+    items, p = items_of({
+        "ws": {"t1": [0.1, 0.2, 0.3], "t2": [0.2]},
+        "a_s0": {"t1": [0.1, 0.3, 0.5], "t2": [0.2, 0.4]},
+        "a_s1": {"t1": [0.1, 0.2], "t2": [0.3]},
+        "b_s0": {"t1": [0.2, 0.3], "t2": [0.2, 0.4, 0.9]},
+        "b_s1": {"t1": [0.1, 0.4, 0.6], "t2": [0.5, 0.7]},
+    })  # fmt: skip
+    assert turn_scores(items, p)[("b_s0", 2)] == {"t1": {0: 0.2, 1: 0.3}, "t2": {0: 0.2, 1: 0.4, 2: 0.9}}
+    st = score_study(items, p, {"a": {0: "a_s0", 1: "a_s1"}, "b": {0: "b_s0", 1: "b_s1"}}, reference="a",
+                     warm_start="ws")  # fmt: skip
+    r = st["comparisons"][0]["p_gold_turn"]
+    # seed 0: t1 at turns 0-1 (0.25 - 0.2), t2 at 0-1 (0.3 - 0.3) -> 0.025; seed 1: t1 at 0-1 (0.25 - 0.15), t2 at 0
+    # (0.5 - 0.3) -> 0.15. Task means over seeds 0.075 and 0.1: Var = 0.0078125 / 2 + 0.0003125 / 2 = 0.0040625,
+    # df = Var^2 / ((0.0078125 / 2)^2 + (0.0003125 / 2)^2) = 1.0800
+    assert r["per_seed"] == pytest.approx([0.025, 0.15]) and r["mean"] == pytest.approx(0.0875)
+    assert r["df"] == pytest.approx(0.0040625**2 / (0.00390625**2 + 0.00015625**2))
+    # the task means compare differently: seed 0 (0.25 - 0.3 + 0.5 - 0.3) / 2 = 0.075
+    assert st["comparisons"][0]["p_gold"]["per_seed"][0] == pytest.approx(0.075)
+    # b - warm start, seed 0: t1 at 0-1 (0.25 - 0.15), t2 at 0 (0.2 - 0.2) -> 0.05; seed 1: t1 at 0-2 (1.1 / 3 - 0.2),
+    # t2 at 0 (0.5 - 0.2) -> (1 / 6 + 0.3) / 2
+    ws = [c for c in st["comparisons"] if c["against"] == "warm_start" and c["arm"] == "b"][0]["p_gold_turn"]
+    assert ws["per_seed"] == pytest.approx([0.05, (1 / 6 + 0.3) / 2])
+    assert "| b - a | 2 | P_GOLD_TURN | 0.0250, 0.1500 | 0.0875 |" in score_markdown(st)
+
+
+def test_memory_scores_csv_reads_back_and_names_a_bad_row(tmp_path: Path) -> None:
+    path = tmp_path / "memory_scores.csv"
+    path.write_text("checkpoint,objectives,task_id,turn,p_gold\na_s0,2,t1,0,0.25\na_s0,2,t1,1,0.5\nws,3,t2,0,1e-3\n")
+    assert read_turn_scores(path) == {("a_s0", 2): {"t1": {0: 0.25, 1: 0.5}}, ("ws", 3): {"t2": {0: 0.001}}}
+    path.write_text("checkpoint,objectives,task_id,turn,p_gold\na_s0,2,t1,0,0.25\na_s0,2,t1,one,0.5\n")
+    with pytest.raises(ValueError, match=r"memory_scores.csv, line 3: column turn is 'one', not a number"):
+        read_turn_scores(path)
+    path.write_text("checkpoint,objectives,task_id,p_gold\na_s0,2,t1,0.25\n")
+    with pytest.raises(ValueError, match=r"no column\(s\) \['turn'\]"):
+        read_turn_scores(path)
 
 
 def test_a_seed_without_common_memories_is_named_not_averaged() -> None:

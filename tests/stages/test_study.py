@@ -75,11 +75,11 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
     r = DEMO_RATES["avx512_bf16"]
     got = expected_seconds(cfg, arm_seed_configs(cfg), "avx512_bf16")
     # by hand: the warm start, 96 teacher tasks each of 1 and 2 objectives; 4 runs of 6 steps x 4 tasks x G=8 at the
-    # grpo_cpu recipe's measured rate (the study's default recipe), MemPO's two at 2.2x (they score their memories);
+    # grpo_cpu recipe's measured rate (the study's default recipe), MemPO's two at 2.0x (they score their memories);
     # 5 checkpoints x 10 two-objective tasks at the bf16 rate x 0.9 (the float32 engine S1 measured)
     ws = r["startup"] + 288 * r["sft_objective"]
     run = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"]  # grpo_cpu's own rate
-    mempo = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"] * 2.2
+    mempo = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"] * 2.0
     ev = 5 * (r["startup"] + 20 * r["eval_objective"] * 0.9)
     # the fixed scorer: 5 checkpoints x 10 tasks x 2 objectives x 2 memories an objective
     sc = r["startup"] + 200 * study_stage.SCORE_S_PER_MEMORY["avx512_bf16"]
@@ -345,23 +345,26 @@ def test_the_tiny_study_commits_its_per_task_results(tiny_study) -> None:
         (a, s) for a in ("ablation", "mempo") for s in ("0", "1")
     }
     got = json.loads((run_dir / "study.json").read_text())
-    per_task_report(run_dir / "per_task.csv", reference="ablation", json_path=run_dir / "recomputed.json")
+    # a memory score on every (checkpoint, N, task) whose memory agent wrote a scored memory, counted here
+    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    written = {(r["checkpoint"], r["objectives"], r["task_id"]) for r in records
+               if r["agent"] == "memory" and any(t["ok"] and t["memory"] for t in r["trace"])}  # fmt: skip
+    scores_csv = run_dir / "memory_scores.csv" if written else None  # per memory: the turn-matched rows recomputed
+    per_task_report(run_dir / "per_task.csv", reference="ablation", json_path=run_dir / "recomputed.json",
+                    memory_scores=scores_csv)  # fmt: skip
     again = json.loads((run_dir / "recomputed.json").read_text())
     for was, now in zip(got["comparisons"], again["study"]["comparisons"], strict=True):
         for m in ("em", "f1"):
             assert (now[m]["per_seed"], now[m]["interval"], now[m]["verdict"]) == (
                 was[m]["per_seed"], was[m]["interval"], was[m]["verdict"])  # fmt: skip
-    # a memory score on every (checkpoint, N, task) whose memory agent wrote a scored memory, counted here
-    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
-    written = {(r["checkpoint"], r["objectives"], r["task_id"]) for r in records
-               if r["agent"] == "memory" and any(t["ok"] and t["memory"] for t in r["trace"])}  # fmt: skip
     assert sum(r["memory_score"] != "" for r in rows) == len(written)
     if not written:  # the tiny model may write none: nothing to recompute
         assert again["memory_scores"] is None
         return
     for was, now in zip(got["memory_scores"]["comparisons"], again["memory_scores"]["comparisons"], strict=True):
-        assert now["p_gold"]["verdict"] == was["p_gold"]["verdict"]
-        assert now["p_gold"].get("interval") == was["p_gold"].get("interval")
+        for m in ("p_gold", "p_gold_turn"):  # the turn-matched rows from memory_scores.csv
+            assert now[m]["verdict"] == was[m]["verdict"]
+            assert now[m].get("interval") == was[m].get("interval")
 
 
 def test_a_rerun_with_another_arm_delta_refuses_the_finished_runs(tiny_study) -> None:
