@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,14 +81,19 @@ def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[st
     return {k: {t: float(np.mean(vs)) for t, vs in by.items()} for k, by in found.items()}
 
 
+def _by_turn(entries: Iterable[tuple[str, int, str, int, float]]) -> TurnScores:
+    """(checkpoint, N, task_id, turn, P) entries -> ``TurnScores``."""
+    found: TurnScores = defaultdict(lambda: defaultdict(dict))
+    for checkpoint, n, task, turn, v in entries:
+        found[(checkpoint, n)][task][turn] = v
+    return {k: dict(by) for k, by in found.items()}
+
+
 def turn_scores(items: Sequence[MemoryItem], p: Sequence[float]) -> TurnScores:
     """(checkpoint, N) -> task_id -> turn -> P of the memory that turn wrote."""
     if len(items) != len(p):
         raise ValueError(f"{len(items)} memories but {len(p)} scores")
-    found: TurnScores = defaultdict(lambda: defaultdict(dict))
-    for it, v in zip(items, p):
-        found[(it.checkpoint, it.objectives)][it.task_id][it.turn] = float(v)
-    return {k: dict(by) for k, by in found.items()}
+    return _by_turn((it.checkpoint, it.objectives, it.task_id, it.turn, float(v)) for it, v in zip(items, p))
 
 
 MEMORY_SCORES_COLUMNS = ("checkpoint", "objectives", "task_id", "turn", "p_gold")  # the study's memory_scores.csv
@@ -97,12 +102,8 @@ MEMORY_SCORES_COLUMNS = ("checkpoint", "objectives", "task_id", "turn", "p_gold"
 def read_turn_scores(path: Path) -> TurnScores:
     """``turn_scores`` read back from a study's memory_scores.csv (one row per scored memory); a ValueError naming
     the file, line and column of a row it cannot read."""
-    with Path(path).open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in MEMORY_SCORES_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: no column(s) {missing}; a study's memory_scores.csv has {MEMORY_SCORES_COLUMNS}")
-        found: TurnScores = defaultdict(lambda: defaultdict(dict))
+
+    def entries(reader: csv.DictReader) -> Iterator[tuple[str, int, str, int, float]]:
         for line, row in enumerate(reader, start=2):
             key = "objectives"
             try:
@@ -110,10 +111,16 @@ def read_turn_scores(path: Path) -> TurnScores:
                 key = "turn"
                 turn = int(row[key])
                 key = "p_gold"
-                found[(row["checkpoint"], n)][row["task_id"]][turn] = float(row[key])
+                yield row["checkpoint"], n, row["task_id"], turn, float(row[key])
             except (TypeError, ValueError):
                 raise ValueError(f"{path}, line {line}: column {key} is {row[key]!r}, not a number") from None
-    return {k: dict(by) for k, by in found.items()}
+
+    with Path(path).open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in MEMORY_SCORES_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: no column(s) {missing}; a study's memory_scores.csv has {MEMORY_SCORES_COLUMNS}")
+        return _by_turn(entries(reader))
 
 
 def _turn_matched(
@@ -249,7 +256,7 @@ def score_markdown(study: Mapping[str, Any]) -> str:
                 "mean P per seed": ", ".join(fmt(v) for v in by["per_seed"]), "seed mean": fmt(by["mean"]),
             })  # fmt: skip
     cols = ["arm", "N", "tasks with memories per seed", "mean P per seed", "seed mean"]
-    turn = all(METRIC_TURN in c for c in study["comparisons"]) and study["comparisons"]
+    turn = bool(study["comparisons"]) and all(METRIC_TURN in c for c in study["comparisons"])
     table = comparison_table(study["comparisons"], (METRIC, METRIC_TURN) if turn else (METRIC,), digits=4)
     note = (
         f"{METRIC.upper()}: each task's mean P over its memories; {METRIC_TURN.upper()}: at the turns both sides wrote "
