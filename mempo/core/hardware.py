@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -31,3 +32,52 @@ def resident_gb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]  # fmt: skip
+
+
+def malloc_gb() -> dict[str, float]:
+    """glibc's account of this process's heap, in GiB, summed over every malloc arena (``mallinfo2``): ``in_use``
+    (bytes handed out and not yet freed, mmapped blocks included), ``free_held`` (freed bytes the arenas keep instead
+    of returning them to the kernel: fragmentation, which RSS counts where the pages were touched), ``mmapped`` (the
+    blocks glibc served by their own mmap). RSS minus ``in_use`` and ``free_held`` is memory malloc did not hand out:
+    code, the interpreter's arenas, file pages. {} where the C library has no mallinfo2 (not glibc >= 2.33)."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _MallInfo2
+    m = fn()
+    return {"in_use": (m.uordblks + m.hblkhd) / 2**30, "free_held": m.fordblks / 2**30, "mmapped": m.hblkhd / 2**30}
+
+
+def release_free_memory() -> bool:
+    """Hand the pages glibc's malloc arenas hold free back to the kernel (``malloc_trim(0)``: every arena, the free
+    pages inside a heap too, not only its top), after a cyclic garbage collection; True where it ran (glibc)."""
+    import gc
+
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(ctypes.c_size_t(0))
+    return True
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def set_mmap_threshold(mib: float) -> bool:
+    """glibc's malloc serves every later allocation of ``mib`` MiB or more by its own mmap, returned to the kernel on
+    free, and stops raising that threshold by itself (by default it rises up to 32 MiB as large blocks are freed, so
+    a training step's tensors end up in the heap arenas, which fragment). True where it ran (glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(int(mib * 2**20))))
