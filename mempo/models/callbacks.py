@@ -1,6 +1,7 @@
 """The trainer's callbacks, one line each (the algorithm stays in ``MemPOModule``; these own what surrounds it):
 
     SamplerCallback      the generation engine's life: create, push the policy's weights, weight canary, free
+    HostMemory           host memory over a long run: free pages handed back every step, a warning on growth
     StepCheckpoint       a full Lightning checkpoint every ``every_n_steps`` RL steps and at the end, written atomically
     StepTimer            the wall time since this step's batch started (the base of the three below)
     MetricsFile          one row per RL step of the module's metrics in ``metrics.csv`` (resume drops later rows)
@@ -41,6 +42,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from mempo.core.base import temp_sibling, timed, write_csv
 from mempo.core.console import progress, say
+from mempo.core.hardware import release_free_memory, resident_gb
 from mempo.core.tasks import Task
 from mempo.eval.evaluate import evaluate_agent
 from mempo.lm.logprobs import token_logprobs
@@ -207,6 +209,50 @@ class SamplerCallback(L.Callback):
             self.sampler.shutdown()
             self.sampler = None
             pl_module.sampler = None
+
+
+class HostMemory(L.Callback):
+    """The process's host memory over a long run (docs/performance.md, "Long runs"). After every
+    ``release_every``-th RL step (0 = never): a garbage collection and ``malloc_trim(0)``
+    (``mempo.core.hardware.release_free_memory``), which hand back the pages glibc's malloc arenas hold free; without
+    it those pages pile up step after step. Then the RSS, logged as ``perf/rss_kept_gb`` (what the run keeps between
+    steps; ``perf/rss_gb`` is read inside the step, after the update), and once per process a console warning when it
+    has grown by more than ``warn_growth`` (a share; 0 = off) since the second RL step this process ran."""
+
+    def __init__(self, release_every: int = 1, warn_growth: float = 0.5) -> None:
+        if release_every < 0 or warn_growth < 0:
+            raise ValueError(f"host.release_every and host.rss_warn_growth must be >= 0, got {release_every}, "
+                             f"{warn_growth}")  # fmt: skip
+        self.release_every, self.warn_growth = release_every, warn_growth
+        self.seen = 0
+        self.base: tuple[int, float] | None = None  # (RL step, RSS in GB) at this process's second step
+        self.warned = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = rl_step(trainer, pl_module)
+        if self.release_every and step % self.release_every == 0:
+            release_free_memory()
+        rss = resident_gb()
+        if hasattr(pl_module, "last_metrics"):  # before MetricsFile writes the step's row
+            pl_module.log("perf/rss_kept_gb", rss, on_step=True, batch_size=1)
+            pl_module.last_metrics["perf/rss_kept_gb"] = rss
+        self.seen += 1
+        if self.seen == 2:
+            self.base = (step, rss)
+        if self.base is None or self.warned or not self.warn_growth or step <= self.base[0]:
+            return
+        base_step, base_rss = self.base
+        if rss > base_rss * (1 + self.warn_growth):
+            self.warned = True
+            rank = f"rank {trainer.global_rank}: " if trainer.world_size > 1 else ""
+            say(
+                f"[mempo] warning: {rank}resident memory grew from {base_rss:.2f} GB at RL step {base_step} to "
+                f"{rss:.2f} GB at step {step} ({(rss - base_rss) / (step - base_step):+.3f} GB a step, over "
+                f"host.rss_warn_growth={self.warn_growth}); a long run may run out of memory: see "
+                "docs/performance.md#long-runs"
+            )
 
 
 class StepCheckpoint(L.Callback):

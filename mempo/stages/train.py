@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
+from mempo.core.hardware import set_mmap_threshold
 from mempo.data.datamodule import RedrawStream, TaskDataModule, per_rank_batch, tasks_per_step_line
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
@@ -27,6 +28,7 @@ from mempo.lm.lora import apply_lora, export_states, is_lora, save_lora
 from mempo.lm.sharding import is_sharded
 from mempo.models.callbacks import (
     HFSnapshots,
+    HostMemory,
     MemoryCreditFile,
     MetricsFile,
     RLProgress,
@@ -193,6 +195,9 @@ def fit_rl(
     start = time.perf_counter()
     check_paths(cfg)
     out = _claim(cfg, "rl")
+    threshold = group(cfg, "host").threshold_mb(cfg.trainer.max_steps)
+    if threshold is not None:
+        set_mmap_threshold(threshold)
     _seed(cfg)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
@@ -227,7 +232,9 @@ def fit_rl(
             return _export(module.policy, module.tokenizer, folder, write=write)
 
         hooks.append(HFSnapshots(out / "hf_steps", cfg.ckpt.hf_every_n_steps, snapshot))
+    host = group(cfg, "host")
     hooks += [
+        HostMemory(host.release_every, host.rss_warn_growth),
         MetricsFile(out / "metrics.csv"),
         MemoryCreditFile(out / CREDIT_FILE),
         ckpt,
