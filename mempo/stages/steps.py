@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.console import say
+from mempo.core.hardware import release_free_memory
 from mempo.stages.builders import run_path
 from mempo.stages.config import validate_config
 from mempo.stages.rundir import finished
@@ -145,6 +146,9 @@ def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any
         else:
             say(f"[mempo] {i}/{len(steps)} {step.label}: {step.title}")
             summary, status = STAGES[step.stage](sub), "trained"
+            # The phase's model, optimizer and engine are garbage now; hand their pages back before the next phase
+            # (or a study's RL process) runs beside this one (docs/performance.md, "Long runs").
+            release_free_memory()
         done[step.label] = {
             "summary": summary,
             "status": status,
