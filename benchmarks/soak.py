@@ -33,7 +33,7 @@ import lightning as L
 
 from benchmarks.common import RESULTS, ROOT, log, peak_rss_mb, reset_peak_rss, write_json
 from benchmarks.rl_throughput import machine_kind
-from mempo.core.hardware import malloc_gb, release_free_memory, resident_gb
+from mempo.core.hardware import malloc_gb, resident_gb
 
 DEFAULT_WARM_START = ROOT / "runs" / "demo" / "sft" / "hf"
 RECIPE = "+exp=grpo_cpu_fast"
@@ -57,40 +57,34 @@ def memory_row() -> dict[str, float]:
 class SoakRecorder(L.Callback):
     """One row per RL step: wall time, work, memory (``memory_row``), printed as it lands."""
 
-    def __init__(self, trim: bool = False) -> None:
+    def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
         self._t0 = 0.0
-        self.trim = trim
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, i: int) -> None:
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         m = getattr(pl_module, "last_metrics", {})
-        peak = peak_rss_mb() / 1024
-        reset_peak_rss()
-        gen_s, update_s = m.get("perf/generate_s", 0.0), m.get("perf/update_s", 0.0)
+        gen_s, wall = m.get("perf/generate_s", 0.0), time.perf_counter() - self._t0
         sampled = m.get("perf/gen_tok_per_s", 0.0) * gen_s
-        row = {
-            "step": float(len(self.rows) + 1),
-            "step_s": time.perf_counter() - self._t0,
-            "gen_s": gen_s,
-            "update_s": update_s,
-            "sampled_tokens": sampled,
-            "update_tokens": m.get("perf/update_tokens", 0.0),
-            "peak_rss_gb": peak,
-            **memory_row(),
-        }
-        row["gen_ms_per_tok"] = 1e3 * gen_s / max(sampled, 1.0)
-        row["update_ms_per_tok"] = 1e3 * update_s / max(row["update_tokens"], 1.0)
+        update_s, updated = m.get("perf/update_s", 0.0), m.get("perf/update_tokens", 0.0)
+        row = step_row(len(self.rows) + 1, wall, gen_s, sampled, update_s, updated)
         if "perf/rss_gb" in m:  # the module's reading, inside the step after the update (rss_gb: now, after it)
             row["rss_step_gb"] = m["perf/rss_gb"]
-        if self.trim:  # --trim: what the arenas held free, handed back after every step
-            t = time.perf_counter()
-            release_free_memory()
-            row |= {"trim_s": time.perf_counter() - t, "rss_after_trim_gb": resident_gb()}
         self.rows.append(row)
-        log(line(row) + (f"; after trim {row['rss_after_trim_gb']:.3f} GB" if self.trim else ""))
+        log(line(row))
+
+
+def step_row(step: int, step_s: float, gen_s: float, sampled: float, update_s: float, updated: float) -> dict:
+    """One step's row: its time and work, time per unit of work, the peak RSS since the last row (then reset) and
+    ``memory_row``."""
+    row = {"step": float(step), "step_s": step_s, "gen_s": gen_s, "update_s": update_s, "sampled_tokens": sampled,
+           "update_tokens": updated, "peak_rss_gb": peak_rss_mb() / 1024, **memory_row()}  # fmt: skip
+    reset_peak_rss()
+    row["gen_ms_per_tok"] = 1e3 * gen_s / max(sampled, 1.0)
+    row["update_ms_per_tok"] = 1e3 * update_s / max(updated, 1.0)
+    return row
 
 
 def line(row: dict[str, float]) -> str:
@@ -121,9 +115,7 @@ def slopes(rows: list[dict[str, float]], last: int) -> dict[str, float]:
     return {k: 100 * slope(xs, [r[k] for r in tail]) for k in COLUMNS if tail and k in tail[0]}
 
 
-def rl_rows(
-    warm_start: str, steps: int, seed: int, overrides: list[str], trim: bool = False
-) -> tuple[list[dict[str, float]], str]:
+def rl_rows(warm_start: str, steps: int, seed: int, overrides: list[str]) -> tuple[list[dict[str, float]], str]:
     from mempo.stages.config import compose_config
     from mempo.stages.train import fit_rl
 
@@ -139,7 +131,7 @@ def rl_rows(
             "sampler.enforce_eager=false",
             *overrides,
         )
-        recorder = SoakRecorder(trim)
+        recorder = SoakRecorder()
         fit_rl(cfg, callbacks=[recorder])
         return recorder.rows, f"{RECIPE} {' '.join(overrides)}".strip()
 
@@ -167,12 +159,8 @@ def engine_rows(warm_start: str, pushes: int, seed: int, dtype: str, eager: bool
             gens = sampler.generate(prompts, SamplingConfig(max_new_tokens=96, temperature=1.0, seed=seed + k, n=4))
             sampled = sum(len(g.token_ids) for out in gens for g in out)
             t2 = time.perf_counter()
-            row = {"step": float(k), "step_s": t2 - t0, "gen_s": t2 - t1, "update_s": t1 - t0,
-                   "sampled_tokens": float(sampled), "update_tokens": 0.0, "peak_rss_gb": peak_rss_mb() / 1024,
-                   **memory_row()}  # fmt: skip
-            reset_peak_rss()
-            row["gen_ms_per_tok"] = 1e3 * row["gen_s"] / max(sampled, 1)
-            row["update_ms_per_tok"] = 0.0
+            row = step_row(k, t2 - t0, t2 - t1, float(sampled), t1 - t0, 0.0)  # update_s: the push's seconds
+            row["update_ms_per_tok"] = 0.0  # no update in this mode
             rows.append(row)
             log(line(row) + f", push {t1 - t0:.2f} s")
     sampler.shutdown()
@@ -192,7 +180,6 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override (RL mode)")
     parser.add_argument("--dtype", default="bfloat16", help="engine mode: the engine's dtype")
     parser.add_argument("--eager", action="store_true", help="engine mode: an eager engine (default compiled)")
-    parser.add_argument("--trim", action="store_true", help="RL mode: malloc_trim(0) after every step (a probe)")
     parser.add_argument("--json", default=str(RESULTS / "soak.json"))
     args = parser.parse_args()
     if args.model == "tiny":
@@ -205,7 +192,7 @@ def main() -> None:
     if args.pushes:
         rows, what = engine_rows(warm, args.pushes, args.seed, args.dtype, args.eager)
     else:
-        rows, what = rl_rows(warm, args.steps, args.seed, args.set, args.trim)
+        rows, what = rl_rows(warm, args.steps, args.seed, args.set)
     last = min(args.last, max(len(rows) - 2, 1))  # the first two steps warm up caches and compiled kernels
     s = slopes(rows, last)
     print(f"\nsoak: {what}; {len(rows)} steps, model {warm}, seed {args.seed}; {kind['label']} ({kind['cpu']})")
