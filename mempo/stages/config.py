@@ -339,6 +339,9 @@ class RootConfig:
     overwrite: a training stage (rl, sft) deletes an earlier run's checkpoint, metrics, policy and summary in run_dir
       and trains anew; without it (or resume) it refuses such a folder, naming it. A composed stage (demo,
       headline) trains every phase again instead of reusing the ones it finished. Excludes resume.
+    accept_changes: dotted keys (or groups) whose change a reuse or resume accepts: a finished phase, a study's
+      arm-seed or a killed RL run is otherwise refused when its saved config or the weights it started from
+      (``provenance.model``) differ from this run's (``mempo.stages.reuse``).
     verbose: third-party logs (vLLM, Lightning, warnings) on the console too; they always go to <run_dir>/run.log.
     sweep: set by experiments/run.py (``SweepConfig``).
     """
@@ -349,6 +352,7 @@ class RootConfig:
     run_dir: str = "runs/default"
     resume: bool = False
     overwrite: bool = False
+    accept_changes: list[str] = field(default_factory=list)
     verbose: bool = False
     sweep: SweepConfig = field(default_factory=SweepConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

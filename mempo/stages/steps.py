@@ -4,9 +4,10 @@ stages predict their time from. Every stage module imports this one and none imp
 
 A composed stage (demo, headline, study) is a list of ``Step``s run by ``run_steps``: each step is another stage run
 with a few keys overridden, in its own folder of run_dir. A step that trains a policy is reused when it finished
-earlier (``reuse``, ``mempo.stages.rundir.finished``), and says so; overwrite=true trains it again, resume=true
-continues an RL step from its checkpoint. The composed stage passes its resume and overwrite to every step it runs,
-so a step's own folder check (``mempo.stages.rundir.claim_run_dir``) decides with them.
+earlier (``reuse``, ``mempo.stages.rundir.finished``) with the config and warm start it would train with now, and
+says so; otherwise it is refused, naming what differs (``mempo.stages.reuse``). overwrite=true trains it again,
+resume=true continues an RL step from its checkpoint. The composed stage passes its resume and overwrite to every step
+it runs, so a step's own folder check (``mempo.stages.rundir.claim_run_dir``) decides with them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mempo.core.console import say
 from mempo.core.hardware import release_free_memory
 from mempo.stages.builders import run_path
 from mempo.stages.config import validate_config
+from mempo.stages.reuse import check_reuse
 from mempo.stages.rundir import finished
 
 StageFn = Callable[[DictConfig], dict[str, Any]]
@@ -84,47 +86,6 @@ def reuses(cfg: DictConfig, step: Step, run_dir: Path) -> bool:
     return not (cfg.resume and step.stage == "rl")
 
 
-IGNORED_CHANGES = ("run_dir", "resume", "overwrite", "verbose", "sweep")  # where or how, not what a phase trained
-
-
-UNSET = "(unset)"  # a key one side of a config comparison does not hold
-
-
-def flatten(delta: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config or config delta ({memory: {alpha: 1}}) -> dotted keys ({"memory.alpha": 1})."""
-    if not isinstance(delta, dict):
-        return {prefix[:-1]: delta}
-    return {k: v for key, sub in delta.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
-
-
-def config_diff(
-    saved: Path, cfg: DictConfig, *, ignored: Sequence[str] = IGNORED_CHANGES
-) -> list[tuple[str, Any, Any]]:
-    """(dotted key, saved value, ``cfg``'s value) for each key whose value in a saved config (a phase's
-    ``config.yaml``, or a study's ``study_run.yaml``) differs from ``cfg``'s, ``UNSET`` where one side lacks the key,
-    less the keys under ``ignored`` (dotted prefixes: a group, or one key); none when ``saved`` does not exist."""
-    if not saved.is_file():
-        return []
-
-    def skip(key: str) -> bool:
-        return any(key == p or key.startswith(p + ".") for p in ignored)
-
-    old, new = flatten(OmegaConf.to_container(OmegaConf.load(saved))), flatten(OmegaConf.to_container(cfg))
-    keys = [k for k in dict.fromkeys([*new, *old]) if not skip(k)]
-    return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in keys if old.get(k, UNSET) != new.get(k, UNSET)]
-
-
-def config_changes(
-    saved: Path, cfg: DictConfig, *, limit: int | None = 4, ignored: Sequence[str] = IGNORED_CHANGES
-) -> list[str]:
-    """``key (old -> new)`` for each difference of ``config_diff``: what a reused phase was trained with that this run
-    would change. At most ``limit`` (None: all), then "N more"."""
-    changed = [f"{k} ({a} -> {b})" for k, a, b in config_diff(saved, cfg, ignored=ignored)]
-    if limit is None or len(changed) <= limit:
-        return changed
-    return changed[:limit] + [f"{len(changed) - limit} more"]
-
-
 def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any]]:
     """Run (or reuse) every step in order -> label -> {"summary", "status" (trained | reused), "seconds", "run_dir"}
     ("trained" for a step that ran, whatever its stage). Each step that runs gets the composed stage's resume and
@@ -137,10 +98,11 @@ def run_steps(cfg: DictConfig, steps: Sequence[Step]) -> dict[str, dict[str, Any
         keys = {"stage": step.stage, "run_dir": str(run_dir), "resume": cfg.resume, "overwrite": cfg.overwrite}
         sub = with_overrides(cfg, {**keys, **step.overrides})
         if reuses(cfg, step, run_dir):
-            changes = config_changes(run_dir / "config.yaml", sub)
-            note = f"; its config.yaml differs in {', '.join(changes)}" if changes else ""
+            notes = check_reuse(step.label, run_dir, sub, stage=step.stage)  # refused when it would train another
+            also = f"; {'; '.join(notes)}" if notes else ""
             ways = "overwrite=true trains it again" + (", resume=true continues it" if step.stage == "rl" else "")
-            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {run_dir}, finished earlier{note} ({ways})")
+            say(f"[mempo] {i}/{len(steps)} {step.label}: reusing {run_dir}, finished earlier with the same config"
+                f"{also} ({ways})")  # fmt: skip
             summary_file = run_dir / "summary.json"
             summary, status = (json.loads(summary_file.read_text()) if summary_file.is_file() else {}), "reused"
         else:

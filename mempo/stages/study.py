@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
@@ -62,25 +62,15 @@ from mempo.eval.seeds import (
     turns_and_failures_markdown,
 )
 from mempo.lm.loading import load_policy
+from mempo.lm.lora import base_fingerprint
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.losses import scores_memories
 from mempo.stages.builders import build_builder, group, run_path
-from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision, schema
+from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.evaluate import run_eval
+from mempo.stages.reuse import check_reuse, flatten
 from mempo.stages.rundir import finished, held_outputs, run_record
-from mempo.stages.steps import (
-    DEMO_RATES,
-    IGNORED_CHANGES,
-    UNSET,
-    Step,
-    command_line_keys,
-    config_diff,
-    flatten,
-    folders_arg,
-    run_steps,
-    stage,
-    with_overrides,
-)
+from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
 
 RUN_PY = CONFIG_DIR.parent / "run.py"  # the experiments/run.py of the code that is running (not an installed copy)
 REPO_ROOT = CONFIG_DIR.parents[1]
@@ -224,21 +214,11 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
 
 
 RUN_CONFIG = "study_run.yaml"
-# Keys an arm-seed's training does not read, skipped when a finished run's saved config is compared before reuse:
-# where and how it runs (``IGNORED_CHANGES``), the study's own group (its effect on a run is in the run's own keys:
-# model.name_or_path, the arm's delta; more seeds leave the others' runs as they are), other stages' groups, the
-# logger, and the evaluation's keys but eval.every_n_steps (a study run does no in-training validation).
-REUSE_IGNORED_GROUPS = ("study", "headline", "demo", "plan", "logger")
-
-
-def reuse_ignored(cfg: DictConfig) -> tuple[str, ...]:
-    """The dotted prefixes ``config_diff`` skips when a study compares a finished run's saved config."""
-    return (*IGNORED_CHANGES, *REUSE_IGNORED_GROUPS, *(f"eval.{k}" for k in cfg.eval if k != "every_n_steps"))
 
 
 def write_run_config(sub: DictConfig) -> Path:
     """<run_dir>/study_run.yaml: an arm-seed's full config (less ``sweep``: run.py records its own), what its process
-    runs and what a later study compares before reusing the run (``reuse_changes``)."""
+    runs and what a later study compares before reusing or continuing the run (``check_reuse``)."""
     folder = Path(sub.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     plain = {k: v for k, v in OmegaConf.to_container(sub).items() if k != "sweep"}
@@ -262,49 +242,15 @@ def launch(sub: DictConfig) -> None:
         )
 
 
-def reuse_changes(cfg: DictConfig, sub: DictConfig) -> tuple[list[str], list[str]]:
-    """What a finished arm-seed in ``sub.run_dir`` was trained with that ``sub`` would change -> (changes, notes):
-    ``config_diff`` of its study_run.yaml (or the run's own config.yaml when a study did not train it), less
-    ``reuse_ignored``. A change refuses the reuse. A note does not: a key the run's config lacks that ``sub`` holds at
-    its schema default (added to the code since the run trained, as it behaved before), or a key only the run's config
-    holds (the code no longer has it). A ValueError when the folder holds neither file."""
-    folder = Path(sub.run_dir)
-    saved = next((f for f in (folder / RUN_CONFIG, folder / "config.yaml") if f.is_file()), None)
-    if saved is None:
-        raise ValueError(
-            f"study: {folder} holds a finished run but neither {RUN_CONFIG} nor config.yaml, so its config cannot be "
-            "compared with this study's; overwrite=true trains every arm-seed again, or give the study a new run_dir"
-        )
-    defaults = schema()
-
-    def default(key: str) -> Any:
-        v = OmegaConf.select(defaults, key, default=UNSET)
-        return OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
-
-    changes, notes = [], []
-    for key, old, new in config_diff(saved, sub, ignored=reuse_ignored(cfg)):
-        if old == UNSET and new == default(key):
-            notes.append(f"{key} (added since, at its default {new})")
-        elif new == UNSET:
-            notes.append(f"{key} (no longer a key; it was {old})")
-        else:
-            changes.append(f"{key} ({old} -> {new})")
-    return changes, notes
-
-
 def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
-    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A finished run is reused only when
-    its saved config is the one it would train now (``reuse_changes``); otherwise a ValueError naming the keys that
-    differ. A folder with a checkpoint is continued (resume=true); one with outputs but no checkpoint is started again
-    (overwrite=true)."""
+    """Train one arm-seed unless it finished -> "reused" | "trained" | "resumed". A finished run is reused, and a
+    killed one continued from its checkpoint (resume=true), only when its saved config (study_run.yaml) and the warm
+    start it started from are the ones it would train with now (``mempo.stages.reuse.check_reuse``); otherwise a
+    ``ReuseError`` naming what differs. A folder with outputs but no checkpoint is started again (overwrite=true)."""
     folder = Path(sub.run_dir)
+    names = (RUN_CONFIG, "config.yaml")
     if finished(folder) and not cfg.overwrite:
-        changes, notes = reuse_changes(cfg, sub)
-        if changes:
-            raise ValueError(
-                f"study: {label}: {folder} holds a run trained with another config than this study's; it differs "
-                f"in {'; '.join(changes)}. overwrite=true trains every arm-seed again, or give the study a new run_dir"
-            )
+        notes = check_reuse(label, folder, sub, stage="rl", names=names)
         also = f"; {'; '.join(notes)}" if notes else ""
         say(f"[mempo] {label}: reusing {folder}, finished earlier with the same config{also} (overwrite=true trains "
             "it again)")  # fmt: skip
@@ -314,7 +260,9 @@ def run_arm_seed(cfg: DictConfig, sub: DictConfig, label: str) -> str:
     if cfg.overwrite:
         mode, how = {"overwrite": True, "resume": False}, "trained again (overwrite=true)"
     elif ckpt.exists() or ckpt.is_symlink():
-        mode, how = {"resume": True, "overwrite": False}, f"continued from {ckpt} (resume=true)"
+        notes = check_reuse(label, folder, sub, stage="rl", resume=True, names=names)
+        also = f"; {'; '.join(notes)}" if notes else ""
+        mode, how = {"resume": True, "overwrite": False}, f"continued from {ckpt} (resume=true){also}"
     elif held:
         mode, how = {"overwrite": True, "resume": False}, f"started again: {', '.join(held)} but no checkpoint"
     else:
@@ -350,11 +298,14 @@ def score_memories(cfg: DictConfig, items: list[MemoryItem]) -> tuple[list[float
 
 def eval_key(cfg: DictConfig, folders: dict[str, Path]) -> dict[str, Any]:
     """What the study's evaluation depends on: its config (less the run-mode keys) and each checkpoint's folder with
-    the time its weights were exported (a run trained again is evaluated again)."""
+    the time its weights were exported and their fingerprint (``base_fingerprint``): a run trained again, or weights
+    replaced in place, are evaluated again."""
     plain = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
              if k not in ("resume", "overwrite", "verbose", "sweep")}  # fmt: skip
     exported = {label: os.path.getmtime(Path(f) / "config.json") for label, f in folders.items()}
-    return {"config": plain, "checkpoints": {label: str(f) for label, f in folders.items()}, "exported": exported}
+    weights = {label: base_fingerprint(f) for label, f in folders.items()}
+    checkpoints = {label: str(f) for label, f in folders.items()}
+    return {"config": plain, "checkpoints": checkpoints, "exported": exported, "weights": weights}
 
 
 def comparable_checkpoints(cfg: DictConfig, folders: dict[str, Path], out: Path) -> set[str]:
@@ -380,6 +331,7 @@ def comparable_checkpoints(cfg: DictConfig, folders: dict[str, Path], out: Path)
         for label in folders
         if held["key"]["checkpoints"].get(label) == key["checkpoints"][label]
         and held["key"]["exported"].get(label) == key["exported"][label]
+        and held["key"].get("weights", {}).get(label) == key["weights"][label]
     } & {r["checkpoint"] for r in held["result"]["rows"]}
 
 
@@ -472,6 +424,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         "recipe": cfg.study.recipe,
         "arm_overrides": {arm: arm_delta(cfg, arm) for arm in run_arms(cfg)},
         "warm_start": str(warm_start_folder(cfg)),
+        "warm_start_fingerprint": base_fingerprint(warm_start_folder(cfg)),
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,
     }

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
+from mempo.core.console import say
 from mempo.core.hardware import set_mmap_threshold
 from mempo.data.datamodule import RedrawStream, TaskDataModule, per_rank_batch, tasks_per_step_line
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
@@ -54,6 +55,7 @@ from mempo.stages.builders import (
     synthetic_world,
 )
 from mempo.stages.config import check_paths, require_teacher, resolve_precision
+from mempo.stages.reuse import check_reuse, write_config
 from mempo.stages.rundir import claim_run_dir, run_record
 from mempo.stages.steps import stage
 
@@ -73,11 +75,15 @@ def _seed(cfg: DictConfig) -> None:
 
 def _claim(cfg: DictConfig, stage: str) -> Path:
     """run_dir, refused when it holds another run unless resume or overwrite says what to do with it
-    (``mempo.stages.rundir.claim_run_dir``); under DDP/FSDP only rank zero deletes what overwrite replaces."""
+    (``mempo.stages.rundir.claim_run_dir``), and on resume when the run's config or warm start changed since
+    (``mempo.stages.reuse.check_reuse``); under DDP/FSDP only rank zero deletes what overwrite replaces."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     out = run_path(cfg)
-    claim_run_dir(out, stage=stage, resume=cfg.resume, overwrite=cfg.overwrite, remove=rank_zero_only.rank == 0)
+    mode = claim_run_dir(out, stage=stage, resume=cfg.resume, overwrite=cfg.overwrite, remove=rank_zero_only.rank == 0)
+    if mode == "resume":  # continued only under the config and from the weights it started with
+        for note in check_reuse(stage, out, cfg, stage=stage, resume=True):
+            say(f"[mempo] {stage}: resuming {out}: {note}")
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -199,9 +205,9 @@ def fit_rl(
     if threshold is not None:
         set_mmap_threshold(threshold)
     _seed(cfg)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
+    write_config(out, cfg)  # with the fingerprint of the weights it starts from (materializes an embedded model)
     module, model_path = build_module(cfg)
     if module.redraw_rounds:  # dynamic sampling's extra tasks: the training pool, keyed by (step, round, rank)
         module.redraw = RedrawStream(data.train_tasks, seed=cfg.seed)
@@ -323,7 +329,7 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     out = _claim(cfg, "sft")
     _seed(cfg)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    write_config(out, cfg)
     m, s = cfg.model, cfg.sft
     policy, tokenizer = load_policy(
         resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code

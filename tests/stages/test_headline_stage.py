@@ -87,7 +87,7 @@ def test_the_rl_arms_share_one_budget_and_differ_only_by_their_deltas(first):
 
     def flat(arm: str) -> dict:
         cfg = OmegaConf.load(run_dir / arm / "config.yaml")
-        return {k: OmegaConf.select(cfg, k) for k in _keys(OmegaConf.to_container(cfg))}
+        return {k: OmegaConf.select(cfg, k) for k in _keys(OmegaConf.to_container(cfg)) if k != "provenance.model"}
 
     mempo, nomem, react = flat("mempo"), flat("ablation_nomem"), flat("react_grpo")
     differ = {k for k in mempo if mempo[k] != nomem[k]}

@@ -14,8 +14,9 @@ import weakref
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from mempo.stages.steps import STAGES, Step, run_steps
+from mempo.stages.steps import STAGES, Step, run_steps, with_overrides
 
 
 class Held:
@@ -39,6 +40,8 @@ def test_a_phase_that_ran_is_released_before_the_next_and_a_reused_one_is_not(
     cfg = make_cfg(f"run_dir={tmp_path}")
     (tmp_path / "kept" / "hf").mkdir(parents=True)
     (tmp_path / "kept" / "hf" / "config.json").write_text("{}")  # finished: reused, not run
+    kept = with_overrides(cfg, {"stage": "sft", "run_dir": str(tmp_path / "kept")})
+    (tmp_path / "kept" / "config.yaml").write_text(OmegaConf.to_yaml(kept))  # what it trained with: this config
     run_steps(
         cfg,
         [Step("one", "eval", "one"), Step("kept", "sft", "kept", reuse=True), Step("two", "eval", "two")],

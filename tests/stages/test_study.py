@@ -143,7 +143,7 @@ def test_the_expected_rl_time_follows_the_recipe(tmp_path: Path, recipe: str, ki
     ("holds", "expected"),
     [
         ((), ("new", {"resume": False, "overwrite": False})),
-        (("checkpoints/last.ckpt", "metrics.csv"), ("resumed", {"resume": True, "overwrite": False})),
+        (("checkpoints/last.ckpt", "metrics.csv", "study_run.yaml"), ("resumed", {"resume": True, "overwrite": False})),
         (("metrics.csv",), ("trained", {"resume": False, "overwrite": True})),  # killed before its first checkpoint
         (("hf/config.json", "study_run.yaml"), ("reused", None)),  # finished, with the config it would train now
     ],
@@ -176,7 +176,7 @@ def test_a_finished_run_without_a_saved_config_is_not_reused(tmp_path) -> None:
     sub = arm_seed_configs(cfg)[("mempo", 1)]
     (Path(sub.run_dir) / "hf").mkdir(parents=True)
     (Path(sub.run_dir) / "hf" / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="neither study_run.yaml nor config.yaml.*overwrite=true.*new run_dir"):
+    with pytest.raises(ValueError, match="none of study_run.yaml, config.yaml.*overwrite=true.*new run_dir"):
         run_arm_seed(cfg, sub, "mempo seed 1")
 
 
@@ -405,3 +405,40 @@ def test_an_arm_dropped_then_added_back_is_the_only_one_evaluated_again(tiny_stu
     assert evaluated == ["mempo_s0", "mempo_s1"]
     assert again["status"]["eval"] == "evaluated; kept warm_start, ablation_s0, ablation_s1"
     assert (run_dir / "eval" / "results.jsonl").read_text().splitlines() == first
+
+
+def test_a_killed_run_is_not_continued_under_another_config(tmp_path, monkeypatch) -> None:
+    """An arm-seed killed at its checkpoint, the study run again with data.world_seed changed: before, its remaining
+    steps trained on the other world, its study_run.yaml was overwritten, and the finished run then passed the reuse
+    check as "the same config". Now refused before anything launches, naming the key and the ways out."""
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    sub = arm_seed_configs(cfg)[("mempo", 1)]
+    study_stage.write_run_config(sub)  # what launch wrote before the process was killed
+    (Path(sub.run_dir) / "checkpoints").mkdir()
+    (Path(sub.run_dir) / "checkpoints" / "last.ckpt").write_text("{}")
+    launched = []
+
+    def fake_launch(c) -> None:  # the process would train the remaining steps and export its policy
+        launched.append(c.data.world_seed)
+        (Path(sub.run_dir) / "hf").mkdir(exist_ok=True)
+        (Path(sub.run_dir) / "hf" / "config.json").write_text("{}")
+
+    monkeypatch.setattr(study_stage, "launch", fake_launch)
+    changed = compose_config("+exp=study", f"run_dir={tmp_path}", "data.world_seed=7")
+    with pytest.raises(ValueError, match=r"mempo seed 1: .*mempo/seed1 holds a run trained with another config.*"
+                       r"data\.world_seed \(0 -> 7\).*overwrite=true.*accept_changes"):  # fmt: skip
+        run_arm_seed(changed, arm_seed_configs(changed)[("mempo", 1)], "mempo seed 1")
+    assert launched == []
+    assert run_arm_seed(cfg, sub, "mempo seed 1") == "resumed" and launched == [0]  # the same config continues
+
+
+def test_a_warm_start_retrained_in_place_refuses_the_arms_trained_from_it(tiny_study) -> None:
+    """Last in this module (it changes the tiny study's warm start). Before: the arms were reused "with the same
+    config", and "arm - warm_start" compared them with weights they did not start from."""
+    from weights import retrain_in_place
+
+    run_dir, _ = tiny_study
+    retrain_in_place(run_dir / "warm_start" / "hf")
+    cfg = compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}")
+    with pytest.raises(ValueError, match=r"ablation seed 0: .* provenance\.model \(hf:[0-9a-f]{16} -> "):
+        run_arm_seed(cfg, arm_seed_configs(cfg)[("ablation", 0)], "ablation seed 0")
