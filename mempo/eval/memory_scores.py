@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mempo.eval.seeds import compare, comparison_table
-from mempo.eval.tables import markdown_table, pyplot, save_figure
+from mempo.eval.tables import markdown_table, pyplot, refuse_repeats, save_figure
 
 METRIC = "p_gold"
 # The same comparison at matched turns: per seed and task, the mean over the turns both sides wrote a memory at. A
@@ -71,10 +71,20 @@ def memory_items(records: Sequence[Mapping[str, Any]], *, agent: str = "memory")
     ]
 
 
-def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[str, int], dict[str, float]]:
-    """(checkpoint, N) -> task_id -> the mean P over the memories that task's rollout wrote."""
+ITEM_KEY = ("checkpoint", "objectives", "task_id", "turn")  # one memory: the turn of one rollout that wrote it
+
+
+def _refuse_repeated_items(items: Sequence[MemoryItem], p: Sequence[float]) -> None:
+    """A ValueError when the counts differ or a memory (``ITEM_KEY``) comes twice (``refuse_repeats``)."""
     if len(items) != len(p):
         raise ValueError(f"{len(items)} memories but {len(p)} scores")
+    refuse_repeats([(it.checkpoint, it.objectives, it.task_id, it.turn) for it in items], ITEM_KEY, unit="memory")
+
+
+def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[str, int], dict[str, float]]:
+    """(checkpoint, N) -> task_id -> the mean P over the memories that task's rollout wrote (one per turn; a
+    repeated turn is refused)."""
+    _refuse_repeated_items(items, p)
     found: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for it, v in zip(items, p):
         found[(it.checkpoint, it.objectives)][it.task_id].append(float(v))
@@ -82,7 +92,7 @@ def task_means(items: Sequence[MemoryItem], p: Sequence[float]) -> dict[tuple[st
 
 
 def _by_turn(entries: Iterable[tuple[str, int, str, int, float]]) -> TurnScores:
-    """(checkpoint, N, task_id, turn, P) entries -> ``TurnScores``."""
+    """(checkpoint, N, task_id, turn, P) entries, each key once -> ``TurnScores``."""
     found: TurnScores = defaultdict(lambda: defaultdict(dict))
     for checkpoint, n, task, turn, v in entries:
         found[(checkpoint, n)][task][turn] = v
@@ -91,8 +101,7 @@ def _by_turn(entries: Iterable[tuple[str, int, str, int, float]]) -> TurnScores:
 
 def turn_scores(items: Sequence[MemoryItem], p: Sequence[float]) -> TurnScores:
     """(checkpoint, N) -> task_id -> turn -> P of the memory that turn wrote."""
-    if len(items) != len(p):
-        raise ValueError(f"{len(items)} memories but {len(p)} scores")
+    _refuse_repeated_items(items, p)
     return _by_turn((it.checkpoint, it.objectives, it.task_id, it.turn, float(v)) for it, v in zip(items, p))
 
 
@@ -101,7 +110,7 @@ MEMORY_SCORES_COLUMNS = ("checkpoint", "objectives", "task_id", "turn", "p_gold"
 
 def read_turn_scores(path: Path) -> TurnScores:
     """``turn_scores`` read back from a study's memory_scores.csv (one row per scored memory); a ValueError naming
-    the file, line and column of a row it cannot read."""
+    the file, line and column of a row it cannot read, or the file, lines and key of a repeated memory."""
 
     def entries(reader: csv.DictReader) -> Iterator[tuple[str, int, str, int, float]]:
         for line, row in enumerate(reader, start=2):
@@ -120,7 +129,9 @@ def read_turn_scores(path: Path) -> TurnScores:
         missing = [c for c in MEMORY_SCORES_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ValueError(f"{path}: no column(s) {missing}; a study's memory_scores.csv has {MEMORY_SCORES_COLUMNS}")
-        return _by_turn(entries(reader))
+        rows = list(entries(reader))
+    refuse_repeats([r[:4] for r in rows], ITEM_KEY, where=f"{path}, ", numbers=range(2, len(rows) + 2))
+    return _by_turn(rows)
 
 
 def _turn_matched(

@@ -16,7 +16,7 @@ from typing import Any
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
 from mempo.eval.memory_scores import read_turn_scores, score_markdown, score_means
 from mempo.eval.seeds import parse_arm, seed_study, study_from_per_task, study_markdown
-from mempo.eval.tables import markdown_table, pyplot, save_figure
+from mempo.eval.tables import markdown_table, pyplot, refuse_repeats, save_figure
 
 TABLE_COLUMNS = [
     "checkpoint", "agent", "objectives", "tasks", "em", "em_lo", "em_hi", "f1", "f1_lo", "f1_hi", "reward",
@@ -28,9 +28,22 @@ AGENT_LABELS = {"memory": "memory agent", "full_history": "full-history agent (R
 AGENT_STYLES = {"memory": "-", "full_history": "--"}
 
 
+RECORD_KEY = ("checkpoint", "agent", "objectives", "task_id")  # one rollout of an evaluation
+
+
+def record_keys(records: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each record's ``RECORD_KEY`` values."""
+    return [tuple(r[k] for k in RECORD_KEY) for r in records]
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a results.jsonl (one rollout a line)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a results.jsonl (one rollout a line); a ValueError naming the file, both lines and the key when
+    one (checkpoint, agent, N, task) has two (``refuse_repeats``)."""
+    numbered = [(i, json.loads(line)) for i, line in enumerate(Path(path).read_text().splitlines(), start=1)
+                if line.strip()]  # fmt: skip
+    records = [r for _, r in numbered]
+    refuse_repeats(record_keys(records), RECORD_KEY, where=f"{path}, ", numbers=[i for i, _ in numbered])
+    return records
 
 
 def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]], *, base: str | None = None) -> str:
@@ -39,6 +52,8 @@ def interval_table(rows: list[dict[str, Any]], records: list[dict[str, Any]], *,
     same tasks, with its interval and whether it excludes 0. ``rows``/``records``: a ``GridResult``'s (memory agent
     rows and others)."""
     from mempo.eval.stats import fmt_ci, paired_bootstrap_diff
+
+    refuse_repeats(record_keys(records), RECORD_KEY, unit="record")
 
     def key(r: dict[str, Any]) -> str:
         return r["checkpoint"] if r.get("agent", "memory") == "memory" else f"{r['checkpoint']} ({r['agent']})"
@@ -214,6 +229,8 @@ def plot_vs_objectives(
 
 def p_ans_by_turn(p_ans: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, list[float]]]:
     """(checkpoint, agent) -> turn -> the P(ans | q, m) of every memory written at that turn (all N pooled)."""
+    key = ("checkpoint", "agent", "objectives", "task_id", "turn")
+    refuse_repeats([tuple(r[k] for k in key) for r in p_ans], key, unit="memory")
     out: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in p_ans:
         out[(r["checkpoint"], r["agent"])][int(r["turn"])].append(float(r["p_ans"]))
@@ -378,6 +395,7 @@ def mean_checkpoint(
 
     if len(labels) < 2:
         raise ValueError(f"--mean {name}: needs at least two checkpoints, got {list(labels)}")
+    refuse_repeats(record_keys(records), RECORD_KEY, unit="record")
     by: dict[tuple[str, int], dict[str, dict[str, dict[str, Any]]]] = {}
     for r in records:
         if r["checkpoint"] in labels:
@@ -414,8 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("eval_dirs", nargs="*", type=Path)
     ap.add_argument("--per-task", default=None, type=Path, metavar="CSV",
-                    help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed, with "
-                    "--reference as the study's (default: the first arm)")  # fmt: skip
+                    help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed against the "
+                    "study's reference arm (its study.json beside the CSV), or --reference")  # fmt: skip
     ap.add_argument("--memory-scores", default=None, type=Path, metavar="CSV",
                     help="with --per-task: the study's memory_scores.csv (one row per memory), to compare the memory "
                     "scores turn by turn too (P_GOLD_TURN)")  # fmt: skip
@@ -428,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="seed-level mode (mempo.eval.seeds): an arm NAME whose RL seed SEED is checkpoint LABEL; "
                     "arms pair by seed and task; the verdict reads the seed-plus-task t-interval")  # fmt: skip
     ap.add_argument("--reference", default=None, metavar="NAME",
-                    help="with --arm: the arm the others are compared with (default: the first)")  # fmt: skip
+                    help="with --arm: the arm the others are compared with (default: the first); with --per-task: "
+                    "instead of the study's own")  # fmt: skip
     ap.add_argument("--warm-start", default=None, metavar="LABEL",
                     help="with --arm: a checkpoint every arm is also compared with, paired by task")  # fmt: skip
     ap.add_argument("--json", default=None, type=Path, metavar="PATH", help="with --arm: also write the report")
@@ -447,12 +466,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.arm:
         seed_level(args)
         return
-    rows: list[dict[str, Any]] = []
-    records: list[dict[str, Any]] = []
-    for d in args.eval_dirs:
-        r, rec = read_eval_dir(d)
-        rows += r
-        records += rec
+    try:
+        records = read_eval_records(args.eval_dirs)  # a label two folders hold is refused, as under --arm
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    rows = [row for d in args.eval_dirs for row in read_eval_dir(d)[0]]
     for spec in args.mean:
         name, sep, labels = spec.partition("=")
         if not sep or not name or not labels:
@@ -486,6 +504,21 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     return records
 
 
+def study_reference(per_task: Path) -> str:
+    """The reference arm of the study whose per_task.csv is ``per_task``: its study.json (beside it, as the study
+    writes and docs/studies/<name>/ commits them) records it. A SystemExit when there is none to read: the comparisons
+    would otherwise be against whichever arm comes first, which need not be the study's."""
+    record = per_task.parent / "study.json"
+    try:
+        reference = json.loads(record.read_text()).get("reference")
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--per-task {per_task}: the study's reference arm is read from {record} ({e}); give "
+                         "--reference ARM to choose one") from None  # fmt: skip
+    if not reference:
+        raise SystemExit(f"--per-task {per_task}: {record} records no reference arm; give --reference ARM")
+    return str(reference)
+
+
 def per_task_report(
     path: Path,
     *,
@@ -495,8 +528,11 @@ def per_task_report(
 ) -> str:
     """A study's seed-level tables recomputed from its per_task.csv (``mempo.eval.seeds.study_from_per_task``): the
     EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``); with the
-    study's ``memory_scores`` CSV (one row per memory) also turn by turn (``p_gold_turn``). With ``json_path`` the
-    report is also written there ({"study", "memory_scores"})."""
+    study's ``memory_scores`` CSV (one row per memory) also turn by turn (``p_gold_turn``). The comparisons are
+    against ``reference``, else the study's own (``study_reference``). With ``json_path`` the report is also written
+    there ({"study", "memory_scores"})."""
+    if reference is None:
+        reference = study_reference(Path(path))
     with Path(path).open(newline="") as f:
         try:
             records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from mempo.eval.report import read_records
+from mempo.eval.report import RECORD_KEY, read_records, record_keys
 from mempo.eval.stats import seed_task_t_interval, t_quantile
-from mempo.eval.tables import pyplot, save_figure
+from mempo.eval.tables import pyplot, refuse_repeats, save_figure
 
 STEP = re.compile(r"^s(\d+)$")
 
@@ -40,12 +40,13 @@ def seed_matrix(
 ) -> tuple[list[str], list[int], list[str], np.ndarray]:
     """(seeds, steps, task ids, values [K seeds, S steps, T tasks]) of ``metric`` from each seed's evaluation
     records (memory agent; one N: ``objectives``, or the only one present). Step 0 is the warm start. Every seed must
-    hold the same steps and every step the same tasks; else a ValueError naming the seed and what differs."""
+    hold the same steps and every step the same tasks, each once; else a ValueError naming the seed and what differs."""
     seeds = list(evals)
     if not seeds:
         raise ValueError("seed_matrix: no evaluations given")
     per_seed: dict[str, dict[int, dict[str, float]]] = {}
     for seed, records in evals.items():
+        refuse_repeats(record_keys(records), RECORD_KEY, unit="record", where=f"seed {seed}: ")
         recs = [r for r in records if r.get("agent", "memory") == "memory"]
         ns = sorted({int(r["objectives"]) for r in recs})
         if objectives is None and len(ns) > 1:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mempo.eval.stats import crossed_bootstrap, seed_task_t_interval, t_interval, verdict
-from mempo.eval.tables import markdown_table
+from mempo.eval.tables import markdown_table, refuse_repeats
 
 Scores = Mapping[int, Mapping[str, float]]  # seed -> task_id -> a per-task value (EM or F1)
 METRICS = ("em", "f1")
@@ -227,7 +227,10 @@ def study_from_per_task(
 ) -> tuple[list[dict[str, Any]], dict[str, dict[int, str]], str | None, dict[tuple[str, int], dict[str, float]]]:
     """per_task.csv's rows (as ``csv.DictReader`` gives them) -> (records, arms, warm start label, memory means):
     what ``seed_study`` and ``mempo.eval.memory_scores.score_means`` take, the labels "<arm>_s<seed>" and
-    "warm_start" (the study's). A ValueError naming the line (2 = the first row) of a malformed row."""
+    "warm_start" (the study's). A ValueError naming the line (2 = the first row) of a malformed or repeated row."""
+    key = ("arm", "seed", "N", "task")
+    lines = range(2, len(rows) + 2)
+    refuse_repeats([tuple(r.get(k) for k in key) for r in rows], key, where="per_task.csv ", numbers=lines)
     records: list[dict[str, Any]] = []
     arms: dict[str, dict[int, str]] = {}
     warm: str | None = None

@@ -253,6 +253,7 @@ def test_per_task_rows_recompute_the_study(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     main([str(tmp_path), *[f"--arm={a}=" + ",".join(f"{s}:{a}_s{s}" for s in SEED_DIFFS) for a in arms]])
     from_eval = capsys.readouterr().out
+    (tmp_path / "study.json").write_text(json.dumps({"reference": "ablation"}))  # what the study writes beside it
     main(["--per-task", str(csv_path)])
     from_csv = capsys.readouterr().out
     line = "| mempo - ablation | 2 | EM | 0.250, 0.100, -0.050 | 0.100 | [-0.213, 0.413] | 2.8 |"
