@@ -75,3 +75,18 @@ def test_a_warm_start_retrained_in_place_refuses_the_rl_phase(finished_demo: Pat
     retrain_in_place(run_dir / "sft" / "hf")
     with pytest.raises(ValueError, match=r"rl: .* provenance\.model \(hf:[0-9a-f]{16} -> hf:[0-9a-f]{16}\)"):
         demo(run_dir)
+
+
+def test_resume_continues_only_under_the_config_it_started_with(finished_demo: Path, tmp_path: Path) -> None:
+    """``resume=true`` on the RL phase's own folder (as after a kill): another optim.lr is refused before anything
+    loads; the same config with a larger budget continues it (trainer.max_steps never blocks a continuation)."""
+    from mempo.stages import with_overrides
+    from mempo.stages.demo import demo_steps
+
+    run_dir = copy_of(finished_demo, tmp_path)
+    cfg = compose_config("+debug=default", f"run_dir={run_dir}")
+    (step,) = [s for s in demo_steps(cfg) if s.label == "rl"]
+    rl = with_overrides(cfg, {"stage": "rl", "run_dir": str(run_dir / "rl"), "resume": True, **step.overrides})
+    with pytest.raises(ValueError, match=r"rl: .* optim\.lr \(1e-05 -> 0\.002\)\. It is not continued silently"):
+        run_stage(with_overrides(rl, {"optim.lr": 2e-3, "trainer.max_steps": 3}))
+    assert run_stage(with_overrides(rl, {"trainer.max_steps": 3}))["steps"] == 3
