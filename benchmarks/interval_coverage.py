@@ -99,7 +99,11 @@ def run(draw: Callable, mu: float, sd: float, *, replicates: int, seed: int = 0)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.interval_coverage",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--replicates", type=int, default=4000)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--t", type=int, nargs="+", default=[128, 256])

@@ -1,4 +1,4 @@
-"""mempo/eval reads nothing twice and merges nothing silently (issue 59): the report's default mode refuses a label
+"""mempo/eval reads nothing twice and merges nothing silently: the report's default mode refuses a label
 that two evaluation folders hold, every reader refuses a repeated row naming its file, line and key, and
 ``--per-task`` compares against the study's own reference arm. Expected values are worked out by hand."""
 

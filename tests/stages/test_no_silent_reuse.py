@@ -1,4 +1,4 @@
-"""The main job reuses a phase only when it would train the same thing now (issue 59): its config, less the keys that
+"""The main job reuses a phase only when it would train the same thing now: its config, less the keys that
 cannot change what the phase trained, and the weights it started from. Runs the real demo on the tiny model once
 (``+debug=default``: 2 warm-start steps, 2 RL steps, 2 tasks per N) and reruns it into the same folder."""
 
