@@ -258,17 +258,19 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """Config group ``advantage``: estimator, a name in ``ADVANTAGE_ESTIMATORS``; scale: divide by the group std
-    (false = Dr. GRPO); eps: added to the std."""
+    """Config group ``advantage``: estimator, a name in ``ADVANTAGE_ESTIMATORS`` or an import path of an
+    ``AdvantageEstimator``; scale: divide by the group std (false = Dr. GRPO); eps: added to the std."""
 
     estimator: str = "mempo"
     scale: bool = True
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.estimator not in ADVANTAGE_ESTIMATORS:
+        # An import path (module:name, file.py:name) is resolved, checked and registered by mempo.stages.plugins.
+        if self.estimator not in ADVANTAGE_ESTIMATORS and ":" not in self.estimator:
             raise ValueError(
-                f"advantage.estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.estimator!r}"
+                f"advantage.estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)} or an import path (module:name), "
+                f"got {self.estimator!r}"
             )
         if self.eps <= 0:
             raise ValueError(f"advantage.eps must be > 0, got {self.eps}")
@@ -276,7 +278,7 @@ class AdvantageConfig:
     @property
     def needs_memory_scores(self) -> bool:
         """Whether the estimator reads R^M (then every memory is scored by a forward pass)."""
-        return ADVANTAGE_ESTIMATORS[self.estimator].needs_memory_scores
+        return bool(getattr(estimator_of(self), "needs_memory_scores", False))
 
 
 def uses_memory_rewards(memory: MemoryConfig, advantage: AdvantageConfig) -> bool:
@@ -292,7 +294,9 @@ def scores_memories(memory: MemoryConfig, advantage: AdvantageConfig) -> bool:
 
 
 class AdvantageEstimator(Protocol):
-    """[N, T] token advantages from the batch's tensors and the two config groups it may read."""
+    """[N, T] token advantages (float, on the inputs' device; nonzero only where ``response_mask`` is) from the batch's
+    tensors and the two config groups it may read. ``needs_memory_scores``: whether it reads ``mem_rewards`` (an
+    estimator given by import path without the attribute is taken not to)."""
 
     needs_memory_scores: bool
 
@@ -320,7 +324,18 @@ def register_advantage(
 
 def compute_advantages(inputs: AdvantageInputs, memory: MemoryConfig, advantage: AdvantageConfig) -> Tensor:
     """-> adv [N, T] from the estimator named by ``advantage.estimator``."""
-    return ADVANTAGE_ESTIMATORS[advantage.estimator](inputs, memory, advantage)
+    return estimator_of(advantage)(inputs, memory, advantage)
+
+
+def estimator_of(advantage: AdvantageConfig) -> AdvantageEstimator:
+    """The registered estimator ``advantage.estimator`` names; a KeyError saying so for an import path that was never
+    registered (``mempo.stages.plugins`` does it when the config is validated)."""
+    if advantage.estimator not in ADVANTAGE_ESTIMATORS:
+        raise KeyError(
+            f"advantage.estimator={advantage.estimator!r} is not registered: an import path is registered when the "
+            "config is validated (mempo.stages.config.validate_config)"
+        )
+    return ADVANTAGE_ESTIMATORS[advantage.estimator]
 
 
 def trajectory_advantages(x: AdvantageInputs, advantage: AdvantageConfig) -> Tensor:

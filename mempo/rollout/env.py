@@ -21,6 +21,7 @@ from typing import Protocol
 
 from mempo.core.base import one_of, require
 from mempo.core.format import TAG_NAME, wrap
+from mempo.core.plugins import is_import_path
 from mempo.rollout.retrievers import (
     RETRIEVERS,
     BM25Retriever,
@@ -54,7 +55,8 @@ RENDERS = ("mempo", "search_r1")
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Config group ``env``: the search environment over a retriever (a name in ``RETRIEVERS``).
+    """Config group ``env``: the search environment over a retriever (a name in ``RETRIEVERS``, or an import path of
+    a factory ``Factory(corpus=PATH)`` -> an object with ``retrieve(queries, topk)``: ``mempo.stages.plugins``).
 
     corpus: JSONL {"id", "contents"} for bm25; null = the synthetic world's corpus.
     url: the http retriever's endpoint, e.g. http://127.0.0.1:8000/retrieve (required for http).
@@ -87,7 +89,7 @@ class EnvConfig:
             "env",
             self,
             [
-                ("retriever", self.retriever in RETRIEVERS, one_of(RETRIEVERS)),
+                ("retriever", self.retriever in RETRIEVERS or is_import_path(self.retriever), RETRIEVER_CHOICE),
                 ("url", self.retriever != "http" or bool(self.url), "is required when env.retriever=http"),
                 ("topk", self.topk >= 1, "must be >= 1"),
                 ("max_passage_tokens", self.max_passage_tokens is None or self.max_passage_tokens >= 1, _NULL_OR_1),
@@ -103,6 +105,7 @@ class EnvConfig:
 
 
 _NULL_OR_1 = "must be null or >= 1"
+RETRIEVER_CHOICE = one_of(RETRIEVERS) + " nor an import path (module:Factory)"
 _WORD = re.compile(r"\S+")
 _NEWLINES = re.compile(r"\s*\n\s*")
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mempo.core.base import one_of, require
+from mempo.core.plugins import is_import_path
 from mempo.core.tasks import ANSWER_SEPARATOR
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -98,21 +99,38 @@ def _mean_f1(scores: list[tuple[float, float]]) -> float:
     return sum(f1 for _, f1 in scores) / len(scores)
 
 
-REWARD_KINDS: dict[str, Callable[[list[tuple[float, float]]], float]] = {
-    "all_em": _all_em,  # default (docs/algorithm.md §2): 1 iff every objective is an exact match
-    "mean_em": _mean_em,
-    "mean_f1": _mean_f1,
+RewardFn = Callable[[str | None, Sequence[Sequence[str]]], float]
+"""A reward: (the rollout's final answer, None when it gave none; the gold aliases of each objective, in order) ->
+a float, the reward before the format gate (``trajectory_reward`` gives 0.0 to a malformed rollout whatever it
+returns). Called on the CPU, once per rollout, in the process that rolls out (every rank under DDP)."""
+
+
+def _of_scores(score: Callable[[list[tuple[float, float]]], float]) -> RewardFn:
+    """A reward from a function of the per-objective (EM, F1) scores (``objective_scores``)."""
+
+    def reward(answer: str | None, gold_answers: Sequence[Sequence[str]]) -> float:
+        return score(objective_scores(answer, gold_answers))
+
+    return reward
+
+
+REWARD_KINDS: dict[str, RewardFn] = {
+    "all_em": _of_scores(_all_em),  # default (docs/algorithm.md §2): 1 iff every objective is an exact match
+    "mean_em": _of_scores(_mean_em),
+    "mean_f1": _of_scores(_mean_f1),
 }
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Config group ``reward``: kind, a key of ``REWARD_KINDS`` (each gated by the format)."""
+    """Config group ``reward``: kind, a key of ``REWARD_KINDS`` (each gated by the format) or an import path of a
+    ``RewardFn`` (``module:name``, ``file.py:name``; ``mempo.stages.plugins`` checks and registers it)."""
 
     kind: str = "all_em"
 
     def __post_init__(self) -> None:
-        require("reward", self, [("kind", self.kind in REWARD_KINDS, one_of(REWARD_KINDS))])
+        known = self.kind in REWARD_KINDS or is_import_path(self.kind)
+        require("reward", self, [("kind", known, one_of(REWARD_KINDS) + " nor an import path (module:name)")])
 
 
 def trajectory_reward(
@@ -122,10 +140,11 @@ def trajectory_reward(
 
     pred: the ``<answer>`` argument, or None when the rollout gave none (max turns, format failure).
     format_ok: every turn of the rollout was well formed; False gives 0.0 whatever the answer.
-    kind: a key of ``REWARD_KINDS`` (config ``reward.kind``).
+    kind: a key of ``REWARD_KINDS`` (config ``reward.kind``; an import path once ``mempo.stages.plugins`` registered
+    it).
     """
     if kind not in REWARD_KINDS:
         raise ValueError(f"reward.kind: unknown {kind!r}; known kinds are {sorted(REWARD_KINDS)}")
     if not format_ok:
         return 0.0
-    return REWARD_KINDS[kind](objective_scores(pred, gold_answers))
+    return float(REWARD_KINDS[kind](pred, gold_answers))

@@ -78,9 +78,11 @@ def build_env(cfg: DictConfig, tokenizer: Any) -> SearchEnv:
     e: EnvConfig = group(cfg, "env")
     if e.retriever == "bm25":
         kwargs: dict[str, Any] = {"path": corpus_path(cfg), "cache_dir": cache_root(cache_dir(cfg)) / "bm25"}
-    else:
+    elif e.retriever == "http":
         kwargs = {"url": e.url, "timeout_s": e.timeout_s, "max_retries": e.max_retries, "backoff_s": e.backoff_s}
         kwargs["max_queries_per_post"] = e.max_queries_per_post
+    else:  # a user's factory (mempo.stages.plugins): the corpus the run searches
+        kwargs = {"corpus": str(corpus_path(cfg))}
     retriever = make_retriever(e.retriever, **kwargs)
     if e.wait_s > 0 and hasattr(retriever, "wait_ready"):  # a Search-R1 server loads its index for minutes
         retriever.wait_ready(e.wait_s, say=say)

@@ -33,6 +33,7 @@ from mempo.rollout.agent import AgentConfig
 from mempo.rollout.env import EnvConfig
 from mempo.rollout.rewards import RewardConfig
 from mempo.rollout.sampler import SamplerConfig
+from mempo.stages.plugins import register_plugins
 from mempo.stages.rundir import register_resolver
 
 LOGGERS = ("csv", "wandb")
@@ -469,12 +470,15 @@ def register_schema() -> None:
 
 def validate_config(cfg: DictConfig) -> DictConfig:
     """Merge a composed config into ``RootConfig`` (unknown keys and wrong types raise, naming the key), then build
-    every group's dataclass once, which runs its range and choice checks. Returns the typed, read-only config."""
+    every group's dataclass once, which runs its range and choice checks, and check and register the code that
+    reward.kind, env.retriever or advantage.estimator name by import path (``mempo.stages.plugins``). Returns the
+    typed, read-only config."""
     # As plain containers: a config Hydra composed onto mempo_schema is typed already, and OmegaConf cannot merge a
     # typed dict into a null Optional[Dict] node (eval.checkpoints={...} from the command line).
     plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
     cfg = OmegaConf.merge(schema(), plain)  # raises ConfigKeyError / ValidationError naming the full key
     OmegaConf.to_object(cfg)  # each group's __post_init__: ValueError naming "config key group.key=value"
+    register_plugins(cfg)  # a user's reward, retriever, estimator by import path: checked, then registered
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from mempo.eval.compare import EvalConfig
 from mempo.lm.loading import resolve_model_path
 from mempo.lm.lora import base_fingerprint
+from mempo.stages.plugins import code_provenance
 
 UNSET = "(unset)"  # a key one side of a config comparison does not hold
 PROVENANCE = "provenance"  # the saved config's block of what the phase started from (``provenance``)
@@ -87,9 +88,11 @@ def model_fingerprint(cfg: DictConfig) -> str:
     return base_fingerprint(path)
 
 
-def provenance(cfg: DictConfig) -> dict[str, str]:
-    """What a phase of ``cfg`` depends on beyond its config's values: {"model": ``model_fingerprint``}."""
-    return {"model": model_fingerprint(cfg)}
+def provenance(cfg: DictConfig) -> dict[str, Any]:
+    """What a phase of ``cfg`` depends on beyond its config's values: {"model": ``model_fingerprint``}, and "code":
+    the file and hash of each user's function the config names by import path (``code_provenance``), when any."""
+    code = code_provenance(cfg)
+    return {"model": model_fingerprint(cfg), **({"code": code} if code else {})}
 
 
 def recorded(cfg: DictConfig) -> dict[str, Any]:
@@ -142,7 +145,7 @@ def reuse_changes(
     for key, old, new in config_diff(saved, recorded(cfg), ignored=ignored):
         if covered(key, accepted):
             notes.append(f"accepting {key} ({old} -> {new})")
-        elif key.startswith(PROVENANCE + ".") and old == UNSET:
+        elif key.startswith(PROVENANCE + ".model") and old == UNSET:
             notes.append(f"{key} not recorded (trained before mempo recorded it): not compared")
         elif old == UNSET and new == _schema_default(key):
             notes.append(f"{key} (added since, at its default {new})")
