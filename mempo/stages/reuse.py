@@ -37,10 +37,14 @@ IGNORED_CHANGES = (
     "study", "headline", "demo", "plan",
 )  # fmt: skip
 # Keys a stage's training does not read (mempo.stages.train: the sft stage builds no sampler, loss or optimizer of
-# RL's and runs sft.max_steps; the rl stage reads no sft key and of the eval group only in-training validation's
-# cadence).
+# RL's, runs sft.max_steps and reads of the data group only the world and the objectives; the rl stage reads no sft
+# key and of the eval group only in-training validation's cadence).
+SFT_UNREAD_DATA = ("batch_size", "group_size", "num_val_tasks", "num_workers", "dynamic_sampling", "redraw_rounds")
 STAGE_IGNORED: dict[str, tuple[str, ...]] = {
-    "sft": ("optim", "loss", "memory", "advantage", "reward", "sampler", "eval", "trainer.max_steps"),
+    "sft": (
+        *("optim", "loss", "memory", "advantage", "reward", "sampler", "eval", "trainer.max_steps"),
+        *(f"data.{k}" for k in SFT_UNREAD_DATA),
+    ),
     "rl": ("sft", *(f"eval.{f.name}" for f in dataclasses.fields(EvalConfig) if f.name != "every_n_steps")),
 }
 RESUME_IGNORED = ("trainer.max_steps",)
