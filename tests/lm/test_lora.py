@@ -227,15 +227,18 @@ def test_stopped_and_resumed_run_is_bit_identical_and_its_checkpoint_holds_the_a
     torch.testing.assert_close(token_logprobs(PeftModel.from_pretrained(base, tmp_path / "a" / "hf_adapter"), ids,
                                               mask), want)  # fmt: skip
 
-    # Another base (a copy of tiny with another config) refuses the adapter checkpoint, naming both.
+    # Another base (a copy of tiny with another config) refuses the adapter checkpoint, naming both: first the
+    # resume's own check of the starting weights (mempo.stages.reuse), and with that accepted the checkpoint's.
     other = tmp_path / "other-base"
     shutil.copytree(adapter_cfg["base_model_name_or_path"], other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
+    resume = [*RUN, f"model.name_or_path={other}", "trainer.max_steps=3", "resume=true", f"run_dir={tmp_path / 'b'}"]
+    with pytest.raises(ValueError, match=r"provenance\.model \(tiny:\w+ -> other-base:\w+\)"):
+        fit_rl(make_cfg(*resume))
     with pytest.raises(ValueError, match=r"resume refused: the checkpoint's LoRA base is tiny:\w+, this run's is "
                                          r"other-base:\w+"):  # fmt: skip
-        fit_rl(make_cfg(*RUN, f"model.name_or_path={other}", "trainer.max_steps=3", "resume=true",
-                        f"run_dir={tmp_path / 'b'}"))  # fmt: skip
+        fit_rl(make_cfg(*resume, "accept_changes=[provenance.model]"))
 
 
 def test_the_base_fingerprint_follows_the_files_not_the_folder_name(tiny_path: Path, tmp_path: Path) -> None:
