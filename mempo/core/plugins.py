@@ -19,6 +19,11 @@ def is_import_path(value: object) -> bool:
     return isinstance(value, str) and ":" in value and not value.startswith(":") and not value.endswith(":")
 
 
+def registered_names(registry: dict[str, Any]) -> list[str]:
+    """A registry's own names, sorted, without the import paths registered into it (what an error lists as known)."""
+    return sorted(k for k in registry if not is_import_path(k))
+
+
 def _is_file_form(left: str) -> bool:
     return left.endswith(".py") or "/" in left or "\\" in left
 

@@ -269,8 +269,8 @@ class AdvantageConfig:
         # An import path (module:name, file.py:name) is resolved, checked and registered by mempo.stages.plugins.
         if self.estimator not in ADVANTAGE_ESTIMATORS and ":" not in self.estimator:
             raise ValueError(
-                f"advantage.estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)} or an import path (module:name), "
-                f"got {self.estimator!r}"
+                f"advantage.estimator must be one of {sorted(k for k in ADVANTAGE_ESTIMATORS if ':' not in k)} or an "
+                f"import path (module:name), got {self.estimator!r}"
             )
         if self.eps <= 0:
             raise ValueError(f"advantage.eps must be > 0, got {self.eps}")

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from mempo.core.base import one_of, require
 from mempo.core.format import TAG_NAME, wrap
-from mempo.core.plugins import is_import_path
+from mempo.core.plugins import is_import_path, registered_names
 from mempo.rollout.retrievers import (
     RETRIEVERS,
     BM25Retriever,
@@ -105,7 +105,7 @@ class EnvConfig:
 
 
 _NULL_OR_1 = "must be null or >= 1"
-RETRIEVER_CHOICE = one_of(RETRIEVERS) + " nor an import path (module:Factory)"
+RETRIEVER_CHOICE = one_of(registered_names(RETRIEVERS)) + " nor an import path (module:Factory)"
 _WORD = re.compile(r"\S+")
 _NEWLINES = re.compile(r"\s*\n\s*")
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from mempo.core.base import read_jsonl
 from mempo.core.jax_guard import keep_jax_off_gpu
+from mempo.core.plugins import registered_names
 
 keep_jax_off_gpu()  # before bm25s imports (and starts) JAX, where it is installed: mempo.core.jax_guard
 import bm25s  # noqa: E402
@@ -491,5 +492,5 @@ RETRIEVERS: dict[str, Callable[..., Retriever]] = {
 def make_retriever(kind: str, **kwargs: Any) -> Retriever:
     """``bm25``: kwargs of BM25Retriever.from_corpus (path, cache_dir, k1, b); ``http``: of HTTPRetriever (url, ...)."""
     if kind not in RETRIEVERS:
-        raise ValueError(f"unknown retriever kind {kind!r}; known: {sorted(RETRIEVERS)}")
+        raise ValueError(f"unknown retriever kind {kind!r}; known: {registered_names(RETRIEVERS)}")
     return RETRIEVERS[kind](**kwargs)

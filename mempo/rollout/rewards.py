@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mempo.core.base import one_of, require
-from mempo.core.plugins import is_import_path
+from mempo.core.plugins import is_import_path, registered_names
 from mempo.core.tasks import ANSWER_SEPARATOR
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -130,7 +130,11 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         known = self.kind in REWARD_KINDS or is_import_path(self.kind)
-        require("reward", self, [("kind", known, one_of(REWARD_KINDS) + " nor an import path (module:name)")])
+        require(
+            "reward",
+            self,
+            [("kind", known, one_of(registered_names(REWARD_KINDS)) + " nor an import path (module:name)")],
+        )
 
 
 def trajectory_reward(
@@ -144,7 +148,7 @@ def trajectory_reward(
     it).
     """
     if kind not in REWARD_KINDS:
-        raise ValueError(f"reward.kind: unknown {kind!r}; known kinds are {sorted(REWARD_KINDS)}")
+        raise ValueError(f"reward.kind: unknown {kind!r}; known kinds are {registered_names(REWARD_KINDS)}")
     if not format_ok:
         return 0.0
     return float(REWARD_KINDS[kind](pred, gold_answers))

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from mempo.core.base import atomic_write_text
 from mempo.eval.compare import EvalConfig
 from mempo.lm.loading import resolve_model_path
 from mempo.lm.lora import base_fingerprint
@@ -47,7 +48,9 @@ STAGE_IGNORED: dict[str, tuple[str, ...]] = {
     ),
     "rl": ("sft", *(f"eval.{f.name}" for f in dataclasses.fields(EvalConfig) if f.name != "every_n_steps")),
 }
-RESUME_IGNORED = ("trainer.max_steps",)
+# On a resume also the budget (the run trains to the new trainer.max_steps) and how a step's rows are split into
+# micro-batches (accumulation gives the same objective; a rank of the two-process probe runs its own).
+RESUME_IGNORED = ("trainer.max_steps", "optim.micro_batch_size")
 
 
 class ReuseError(ValueError):
@@ -107,7 +110,7 @@ def recorded(cfg: DictConfig) -> dict[str, Any]:
 def write_config(folder: Path, cfg: DictConfig) -> Path:
     """<folder>/config.yaml: ``recorded(cfg)``, what a later reuse or resume compares (``reuse_changes``)."""
     path = Path(folder) / "config.yaml"
-    path.write_text(OmegaConf.to_yaml(recorded(cfg)))
+    atomic_write_text(path, OmegaConf.to_yaml(recorded(cfg)))  # a rank checking it meanwhile reads old or new
     return path
 
 

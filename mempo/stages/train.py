@@ -73,6 +73,13 @@ def _seed(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
 
+def _rank_zero() -> bool:
+    """Whether this process is rank zero (Lightning's rank from the launcher's environment; a single process is)."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0
+
+
 def _claim(cfg: DictConfig, stage: str) -> Path:
     """run_dir, refused when it holds another run unless resume or overwrite says what to do with it
     (``mempo.stages.rundir.claim_run_dir``), and on resume when the run's config or warm start changed since
@@ -207,7 +214,8 @@ def fit_rl(
     _seed(cfg)
     # Data before the model: a malformed or empty dataset fails in seconds, not after the model loads.
     data = TaskDataModule(build_tasks(cfg, "train"), [], batch_size=cfg.data.batch_size, seed=cfg.seed)
-    write_config(out, cfg)  # with the fingerprint of the weights it starts from (materializes an embedded model)
+    if _rank_zero():  # with the fingerprint of the weights it starts from (materializes an embedded model)
+        write_config(out, cfg)
     module, model_path = build_module(cfg)
     if module.redraw_rounds:  # dynamic sampling's extra tasks: the training pool, keyed by (step, round, rank)
         module.redraw = RedrawStream(data.train_tasks, seed=cfg.seed)
@@ -329,7 +337,8 @@ def train_sft(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     out = _claim(cfg, "sft")
     _seed(cfg)
-    write_config(out, cfg)
+    if _rank_zero():
+        write_config(out, cfg)
     m, s = cfg.model, cfg.sft
     policy, tokenizer = load_policy(
         resolve_model_path(m.name_or_path, cache_dir=m.cache_dir), dtype=m.dtype, trust_remote_code=m.trust_remote_code
