@@ -519,6 +519,16 @@ def study_reference(per_task: Path) -> str:
     return str(reference)
 
 
+def arm_warm_starts(per_task: Path) -> dict[str, str]:
+    """arm -> its own warm start's label, for the arms that did not start from the study's warm start (a ReAct arm):
+    the design its study.json beside ``per_task`` records; none when it records none (or there is no study.json)."""
+    try:
+        design = json.loads((per_task.parent / "study.json").read_text()).get("design", {})
+    except (OSError, ValueError):
+        return {}
+    return dict(design.get("arm_warm_starts") or {})
+
+
 def per_task_report(
     path: Path,
     *,
@@ -536,7 +546,8 @@ def per_task_report(
     with Path(path).open(newline="") as f:
         try:
             records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
-            study = seed_study(records, arms, reference=reference, warm_start=warm)
+            own = arm_warm_starts(Path(path))
+            study = seed_study(records, arms, reference=reference, warm_start=warm, arm_warm_starts=own)
         except ValueError as e:
             raise SystemExit(f"--per-task {path}: {e}") from None
     out, report = [study_markdown(study)], {"study": study, "memory_scores": None}

@@ -117,10 +117,14 @@ def checkpoint_scores(records: Sequence[Mapping[str, Any]], label: str, *, agent
     return out
 
 
-def check_labels(arms: Mapping[str, Mapping[int, str]], warm_start: str | None = None) -> None:
+def check_labels(
+    arms: Mapping[str, Mapping[int, str]], warm_start: str | None = None, *, others: Sequence[str] = ()
+) -> None:
     """A ValueError naming the label when one checkpoint label would stand for two runs: two seeds of an arm, two
-    arms, or an arm and the warm start (its pairs would compare a run with itself, or count one run as two seeds)."""
+    arms, or an arm and a warm start (``warm_start``, or one of ``others``: its pairs would compare a run with
+    itself, or count one run as two seeds)."""
     used: dict[str, str] = {} if warm_start is None else {warm_start: "the warm start"}
+    used |= {label: f"the warm start {label!r}" for label in others if label not in used}
     for arm, labels in arms.items():
         for seed, label in sorted(labels.items()):
             where = f"arm {arm!r} seed {seed}"
@@ -139,28 +143,45 @@ def seed_study(
     reference: str | None = None,
     warm_start: str | None = None,
     agent: str = "memory",
+    agents: Mapping[str, str] | None = None,
+    arm_warm_starts: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> dict[str, Any]:
     """The seed-level report of ``arms`` (arm -> seed -> checkpoint label in ``records``, results.jsonl's rows),
     per N: per arm its seeds, per-seed EM and F1 and the seed means; per comparison (every other arm against
     ``reference``, the first arm when None; every arm against ``warm_start``, a label, when given) ``compare``'s
-    result per metric. -> the dict ``study.json`` holds."""
+    result per metric. -> the dict ``study.json`` holds.
+
+    agents: checkpoint label -> the agent it was evaluated as, where not ``agent`` (a ReAct arm's labels and its
+    warm start's: "full_history"); arms of different agents pair by seed and task like any two. arm_warm_starts:
+    arm -> the label of the warm start it started from, where not ``warm_start`` (a ReAct arm's full-history warm
+    start): its comparison with a warm start is against that label (``against``: the label), listed under
+    "other_warm_starts"."""
     if not arms:
         raise ValueError("seed_study: no arms")
-    check_labels(arms, warm_start)
+    own_ws = dict(arm_warm_starts or {})
+    check_labels(arms, warm_start, others=sorted(set(own_ws.values())))
     reference = next(iter(arms)) if reference is None else reference
     if reference not in arms:
         raise ValueError(f"reference arm {reference!r} is not among the arms {list(arms)}")
-    ns = sorted({r["objectives"] for r in records if r["agent"] == agent})
+
+    def agent_of(label: str) -> str:
+        return (agents or {}).get(label, agent)
+
+    used = {agent_of(label) for labels in arms.values() for label in labels.values()}
+    ns = sorted({r["objectives"] for r in records if r["agent"] in used})
     if not ns:
-        raise ValueError(f"no records of agent={agent} in the evaluations given")
+        raise ValueError(f"no records of agent={'/'.join(sorted(used))} in the evaluations given")
     out: dict[str, Any] = {"agent": agent, "objectives": ns, "reference": reference, "warm_start": None, "arms": {}}
+    if agents:
+        out["agents"] = dict(agents)
     scores: dict[tuple[str, int, str], dict[int, dict[str, float]]] = {}  # (arm, N, metric) -> Scores
     for arm, labels in arms.items():
         entry: dict[str, Any] = {"seeds": sorted(labels), "checkpoints": {str(s): labels[s] for s in sorted(labels)}}
         for n in ns:
             for m in METRICS:
-                got = {s: checkpoint_scores(records, labels[s], agent=agent, n=n, metric=m) for s in sorted(labels)}
+                got = {s: checkpoint_scores(records, labels[s], agent=agent_of(labels[s]), n=n, metric=m)
+                       for s in sorted(labels)}  # fmt: skip
                 scores[(arm, n, m)] = got
                 per_seed = [float(np.mean(list(v.values()))) for v in got.values()]
                 entry.setdefault("by_n", {}).setdefault(str(n), {})[m] = {
@@ -168,21 +189,31 @@ def seed_study(
                     "mean": float(np.mean(per_seed)),
                 }
         out["arms"][arm] = entry
+
+    def warm(label: str) -> tuple[dict[tuple[int, str], dict[str, float]], dict[str, Any]]:
+        got = {(n, m): checkpoint_scores(records, label, agent=agent_of(label), n=n, metric=m)
+               for n in ns for m in METRICS}  # fmt: skip
+        by_n = {str(n): {m: float(np.mean(list(got[(n, m)].values()))) for m in METRICS} for n in ns}
+        return got, {"checkpoint": label, "agent": agent_of(label), "by_n": by_n}
+
     pairs = [(arm, reference) for arm in arms if arm != reference]
+    ws: dict[str, dict[tuple[int, str], dict[str, float]]] = {}  # warm start label -> (N, metric) -> task scores
     if warm_start is not None:
-        ws = {(n, m): checkpoint_scores(records, warm_start, agent=agent, n=n, metric=m) for n in ns for m in METRICS}
-        out["warm_start"] = {
-            "checkpoint": warm_start,
-            "by_n": {str(n): {m: float(np.mean(list(ws[(n, m)].values()))) for m in METRICS} for n in ns},
-        }
-        pairs += [(arm, "warm_start") for arm in arms]
+        ws[warm_start], out["warm_start"] = warm(warm_start)
+        out["warm_start"].pop("agent")
+        pairs += [(arm, "warm_start") for arm in arms if arm not in own_ws]
+    for label in dict.fromkeys(own_ws.values()):
+        ws[label], entry = warm(label)
+        out.setdefault("other_warm_starts", {})[label] = entry
+    pairs += [(arm, own_ws[arm]) for arm in arms if arm in own_ws]
     comparisons = []
     for arm, against in pairs:
+        label = warm_start if against == "warm_start" else against if against in own_ws.values() else None
         for n in ns:
             row: dict[str, Any] = {"arm": arm, "against": against, "N": n}
             for m in METRICS:
                 b = scores[(arm, n, m)]
-                a = {s: ws[(n, m)] for s in b} if against == "warm_start" else scores[(against, n, m)]
+                a = {s: ws[label][(n, m)] for s in b} if label is not None else scores[(against, n, m)]
                 row[m] = compare(a, b, names=(against, arm), level=level)
             comparisons.append(row)
     out["comparisons"] = comparisons
@@ -203,15 +234,21 @@ def per_task_rows(
     warm_start: str | None = None,
     memory_means: Mapping[tuple[str, int], Mapping[str, float]] | None = None,
     agent: str = "memory",
+    agents: Mapping[str, str] | None = None,
+    other_warm_starts: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """The rows of per_task.csv (``PER_TASK_COLUMNS``) of ``records`` (results.jsonl's) for ``arms`` (arm -> seed ->
     checkpoint label) and the ``warm_start`` label; ``memory_means``: (label, N) -> task -> mean P (the memory
-    scores' ``task_means``), None when the study scored none. The warm start first, then arm, seed, N, task order."""
-    check_labels(arms, warm_start)
+    scores' ``task_means``), None when the study scored none; ``agents``: label -> its agent where not ``agent``;
+    ``other_warm_starts``: more warm-start labels (a ReAct arm's), each a row set of its own (arm: the label, seed
+    empty). The warm starts first, then arm, seed, N, task order."""
+    check_labels(arms, warm_start, others=other_warm_starts)
     who = {} if warm_start is None else {warm_start: (WARM_START_ARM, "")}
+    who |= {label: (label, "") for label in other_warm_starts}
     who |= {label: (arm, str(seed)) for arm, labels in arms.items() for seed, label in sorted(labels.items())}
     order = {label: i for i, label in enumerate(who)}
-    kept = sorted((r for r in records if r["agent"] == agent and r["checkpoint"] in who),
+    own = {label: (agents or {}).get(label, agent) for label in who}  # label -> the agent its rows are of
+    kept = sorted((r for r in records if r["checkpoint"] in who and r["agent"] == own[r["checkpoint"]]),
                   key=lambda r: (order[r["checkpoint"]], r["objectives"], r["task_id"]))  # fmt: skip
     rows = []
     for r in kept:
@@ -241,8 +278,9 @@ def study_from_per_task(
             if missing:
                 raise ValueError(f"no {', '.join(missing)}")
             n, em, f1 = int(r["N"]), float(r["em"]), float(r["f1"])
-            if r["arm"] == WARM_START_ARM and r["seed"] == "":
-                label = warm = WARM_START_ARM
+            if r["seed"] == "":  # a warm start: the study's, or another arm's own (its label is the arm column)
+                label = r["arm"]
+                warm = WARM_START_ARM if label == WARM_START_ARM else warm
             else:
                 label = f"{r['arm']}_s{int(r['seed'])}"
                 arms.setdefault(r["arm"], {})[int(r["seed"])] = label
@@ -309,9 +347,10 @@ def study_markdown(study: Mapping[str, Any]) -> str:
                 "EM per seed": _nums(by["em"]["per_seed"]), "EM seed mean": by["em"]["mean"],
                 "F1 per seed": _nums(by["f1"]["per_seed"]), "F1 seed mean": by["f1"]["mean"],
             })  # fmt: skip
-    if study.get("warm_start"):
-        for n, by in study["warm_start"]["by_n"].items():
-            row = {"arm": f"warm start ({study['warm_start']['checkpoint']})", "N": n, "seeds": "(one checkpoint)"}
+    warm = [study["warm_start"]] if study.get("warm_start") else []
+    for entry in [*warm, *study.get("other_warm_starts", {}).values()]:
+        for n, by in entry["by_n"].items():
+            row = {"arm": f"warm start ({entry['checkpoint']})", "N": n, "seeds": "(one checkpoint)"}
             arm_rows.append(
                 row | {"EM per seed": "", "EM seed mean": by["em"], "F1 per seed": "", "F1 seed mean": by["f1"]}
             )
@@ -340,23 +379,32 @@ def turns_and_failures(
     arms: Mapping[str, Mapping[int, str]],
     *,
     agent: str = "memory",
+    agents: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per arm (and checkpoint label, e.g. the warm start, given as an arm of one seed) and N: the mean turns per
-    task of each seed and their mean, and the failure verdicts (``mempo.eval.failures``) summed over its seeds
-    (``failures``: an evaluation's tally rows; none for data without reasoning chains)."""
+    task of each seed and their mean, the mean TT and PT (tokens processed per task, peak tokens of one turn) over its
+    seeds, and the failure verdicts (``mempo.eval.failures``) summed over its seeds (``failures``: an evaluation's
+    tally rows; none for data without reasoning chains). ``agents``: label -> its agent where not ``agent``."""
     from mempo.eval.failures import VERDICTS
 
+    def agent_of(label: str) -> str:
+        return (agents or {}).get(label, agent)
+
+    used = {agent_of(label) for labels in arms.values() for label in labels.values()}
     out: dict[str, Any] = {}
     for arm, labels in arms.items():
-        for n in sorted({r["objectives"] for r in records if r["agent"] == agent}):
-            turns = [
-                float(np.mean([float(r["turns"]) for r in records
-                               if r["checkpoint"] == labels[s] and r["agent"] == agent and r["objectives"] == n]))
-                for s in sorted(labels)
-            ]  # fmt: skip
-            tallies = [f for f in failures if f["checkpoint"] in set(labels.values()) and f["agent"] == agent
-                       and f["objectives"] == n]  # fmt: skip
+        for n in sorted({r["objectives"] for r in records if r["agent"] in used}):
+            own = {s: [r for r in records if r["checkpoint"] == labels[s] and r["agent"] == agent_of(labels[s])
+                        and r["objectives"] == n] for s in sorted(labels)}  # fmt: skip
+            if not all(own.values()):
+                continue
+            turns = [float(np.mean([float(r["turns"]) for r in rs])) for rs in own.values()]
+            tallies = [f for f in failures if f["checkpoint"] in set(labels.values())
+                       and f["agent"] == agent_of(f["checkpoint"]) and f["objectives"] == n]  # fmt: skip
             entry: dict[str, Any] = {"turns_per_seed": turns, "turns": float(np.mean(turns))}
+            for key in ("tt", "pt"):
+                if all(key in r for rs in own.values() for r in rs):
+                    entry[key] = float(np.mean([float(r[key]) for rs in own.values() for r in rs]))
             if tallies:
                 entry["verdicts"] = {v: int(sum(f[v] for f in tallies)) for v in VERDICTS}
             out.setdefault(arm, {})[str(n)] = entry
@@ -364,14 +412,16 @@ def turns_and_failures(
 
 
 def turns_and_failures_markdown(table: Mapping[str, Any]) -> str:
-    """One row per arm and N: turns per task (per seed, mean) and the failure verdicts summed over seeds."""
+    """One row per arm and N: turns per task (per seed, mean), TT and PT, and the failure verdicts summed over seeds."""
     from mempo.eval.failures import VERDICTS
 
     rows = [
         {"arm": arm, "N": n, "turns per seed": ", ".join(f"{t:.2f}" for t in e["turns_per_seed"]), "turns": e["turns"]}
+        | {k.upper(): e[k] for k in ("tt", "pt") if k in e}
         | e.get("verdicts", {})
         for arm, by_n in table.items()
         for n, e in by_n.items()
     ]
+    tokens = [k for k in ("TT", "PT") if any(k in r for r in rows)]
     verdicts = [v for v in VERDICTS if any(v in r for r in rows)]
-    return markdown_table(rows, ["arm", "N", "turns per seed", "turns", *verdicts])
+    return markdown_table(rows, ["arm", "N", "turns per seed", "turns", *tokens, *verdicts])

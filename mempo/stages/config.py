@@ -221,8 +221,11 @@ class StudyConfig:
     """The ``study`` stage (``+exp=study``, ``mempo.stages.study``): arms x seeds of RL from one warm start, one
     evaluation of every final checkpoint and the warm start, and the seed-level report.
 
-    warm_start: HF folder of the warm start every arm starts from; null = <run_dir>/warm_start/hf, trained when
-      missing (the demo's warm start).
+    warm_start: HF folder of the warm start every memory-agent arm starts from; null = <run_dir>/warm_start/hf,
+      trained when missing (the demo's warm start).
+    react_warm_start: the same for the arms whose delta sets agent.context=full_history (a ReAct agent): a warm start
+      on the same teacher trajectories rendered with the full-history prompts; null = <run_dir>/react_warm_start/hf,
+      trained when such an arm runs. Those arms are evaluated as full-history agents and compared with it.
     recipe: the experiment (``experiments/configs/exp/<recipe>.yaml``) whose keys every arm applies on top of the
       run's config, but trainer.max_steps (the study's budget) and eval.every_n_steps (no in-training validation);
       null = the run's config as is.
@@ -236,6 +239,7 @@ class StudyConfig:
     """
 
     warm_start: str | None = None
+    react_warm_start: str | None = None
     recipe: str | None = "grpo_cpu"
     arms: dict[str, Any] = field(default_factory=default_study_arms)
     reference: str = "ablation"

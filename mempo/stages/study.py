@@ -118,14 +118,41 @@ def run_arms(cfg: DictConfig) -> list[str]:
     return group(cfg, "study").run_arms
 
 
-def warm_start_folder(cfg: DictConfig) -> Path:
-    """study.warm_start, or <run_dir>/warm_start/hf."""
-    return Path(cfg.study.warm_start) if cfg.study.warm_start else run_path(cfg, "warm_start", "hf")
+# The warm start of each agent an arm can be (agent.context), by label: the memory agent's is the study's warm start;
+# an arm whose delta sets agent.context=full_history (a ReAct agent) starts from one trained on the same teacher
+# trajectories rendered with the full-history prompts, as the headline's react arm does.
+WARM_LABELS = {"memory": "warm_start", "full_history": "react_warm_start"}
+
+
+def arm_agent(cfg: DictConfig, arm: str) -> str:
+    """The agent an arm trains and is evaluated as: its delta's agent.context, else the run's."""
+    return str(arm_delta(cfg, arm).get("agent.context", cfg.agent.context))
+
+
+def warm_agents(cfg: DictConfig) -> list[str]:
+    """The agents whose warm start the study needs: the memory agent's always (the fixed memory scorer, the
+    reference of "arm - warm start"), then any other agent an arm runs as."""
+    return list(dict.fromkeys(["memory", *(arm_agent(cfg, a) for a in run_arms(cfg))]))
+
+
+def warm_start_folder(cfg: DictConfig, agent: str = "memory") -> Path:
+    """study.warm_start (the memory agent's) or study.react_warm_start (the full-history agent's), else
+    <run_dir>/<its label>/hf."""
+    label = WARM_LABELS[agent]
+    given = cfg.study[label]
+    return Path(given) if given else run_path(cfg, label, "hf")
+
+
+def label_agents(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> dict[str, str]:
+    """Checkpoint label -> the agent it is evaluated as: each warm start's own, each arm-seed its arm's."""
+    warm = {WARM_LABELS[a]: a for a in warm_agents(cfg)}
+    return warm | {f"{a}_s{s}": arm_agent(cfg, a) for a, s in runs}
 
 
 def study_checkpoints(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> dict[str, Path]:
-    """The study's checkpoints, label -> HF folder: the warm start, then each arm-seed's final policy."""
-    return {"warm_start": warm_start_folder(cfg)} | {f"{a}_s{s}": Path(c.run_dir) / "hf" for (a, s), c in runs.items()}
+    """The study's checkpoints, label -> HF folder: the warm starts, then each arm-seed's final policy."""
+    warm = {WARM_LABELS[a]: warm_start_folder(cfg, a) for a in warm_agents(cfg)}
+    return warm | {f"{a}_s{s}": Path(c.run_dir) / "hf" for (a, s), c in runs.items()}
 
 
 def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
@@ -140,7 +167,7 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
                 "name": f"{cfg.name}-{arm}-s{seed}",
                 "seed": seed,
                 "run_dir": str(run_path(cfg, arm, f"seed{seed}")),
-                "model.name_or_path": str(warm_start_folder(cfg)),
+                "model.name_or_path": str(warm_start_folder(cfg, arm_agent(cfg, arm))),
                 "eval.every_n_steps": 0,
                 **delta,
             }
@@ -170,9 +197,11 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's), "eval", "memory_scores",
     "total"}."""
     r = DEMO_RATES[kind]
-    ws = 0.0
-    if not cfg.study.warm_start and not finished(run_path(cfg, "warm_start")):
-        ws = r["startup"] + cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives]) * r["sft_objective"]
+    ws = 0.0  # each warm start to train (a ReAct arm's full-history one at the memory one's rate: not measured)
+    teacher_objectives = cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives])
+    for label in (WARM_LABELS[a] for a in warm_agents(cfg)):
+        if not cfg.study[label] and not finished(run_path(cfg, label)):
+            ws += r["startup"] + teacher_objectives * r["sft_objective"]
 
     def one(c: DictConfig) -> float:
         return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rl_rollout_s(c, kind)
@@ -346,7 +375,9 @@ def earlier_results(cfg: DictConfig, folders: dict[str, Path], out: Path) -> Gri
     return GridResult(ev["rows"], records, [], ev.get("failures", []), ev.get("source_rows", [])).only(same)
 
 
-def evaluate_once(cfg: DictConfig, folders: dict[str, Path], out: Path) -> tuple[dict[str, Any], str]:
+def evaluate_once(
+    cfg: DictConfig, folders: dict[str, Path], out: Path, agents: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
     """The study's one evaluation (``run_eval`` into ``out``), or the earlier one when ``out/study_eval.json`` says
     it ran with the same ``eval_key`` (a study run again after an interruption past its RL runs); when it ran under
     the same config for some of these checkpoints (``earlier_results``: an arm added to a finished study), only the
@@ -360,7 +391,9 @@ def evaluate_once(cfg: DictConfig, folders: dict[str, Path], out: Path) -> tuple
                 "it)")  # fmt: skip
             return held["result"], "reused"
         done = earlier_results(cfg, folders, out)
-    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out, done=done)
+    per_label = {label: [agent] for label, agent in (agents or {}).items()}  # each checkpoint as its own agent
+    ev = run_eval(with_overrides(cfg, {"eval.checkpoints": folders_arg(folders)}), out=out, done=done,
+                  agents=per_label or None)  # fmt: skip
     write_json(record, {"key": key, "result": ev})
     if done is None:
         return ev, "evaluated"
@@ -377,11 +410,15 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     runs = arm_seed_configs(cfg)  # every arm-seed's config, validated before anything runs
     say_expected_time(cfg, runs)
     phases: dict[str, float] = {}
-    status: dict[str, str] = {"warm_start": "given"}
-    if not cfg.study.warm_start:
-        title = "warm start on the synthetic oracle's trajectories"
-        done = run_steps(cfg, [Step("warm_start", "sft", title, {"name": f"{cfg.name}-warm_start"}, reuse=True)])
-        status["warm_start"], phases["warm_start_s"] = done["warm_start"]["status"], done["warm_start"]["seconds"]
+    status: dict[str, str] = {}
+    for agent in warm_agents(cfg):  # the memory agent's warm start, and a ReAct arm's (full-history prompts)
+        label = WARM_LABELS[agent]
+        status[label] = "given"
+        if not cfg.study[label]:
+            title = f"warm start on the synthetic oracle's trajectories ({agent} prompts)"
+            keys = {"name": f"{cfg.name}-{label}", "agent.context": agent}
+            done = run_steps(cfg, [Step(label, "sft", title, keys, reuse=True)])
+            status[label], phases[f"{label}_s"] = done[label]["status"], done[label]["seconds"]
     for i, ((arm, seed), sub) in enumerate(runs.items(), start=1):
         t = time.perf_counter()
         label = f"arm-seed {i}/{len(runs)}: {arm} seed {seed}"
@@ -393,29 +430,37 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     n_list = list(cfg.eval.objectives)
     say(f"[mempo] study: evaluating {len(folders)} checkpoints on the same {cfg.eval.num_tasks} held-out tasks per "
         f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip
-    ev, status["eval"] = evaluate_once(cfg, folders, out / "eval")
+    agents = label_agents(cfg, runs)
+    ev, status["eval"] = evaluate_once(cfg, folders, out / "eval", agents)
     records = read_records(Path(ev["files"]["results"]))
     arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in run_arms(cfg)}
-    report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start")
-    behaviour = turns_and_failures(records, ev.get("failures", []), {"warm_start": {0: "warm_start"}, **arms})
+    own_warm = {arm: WARM_LABELS[arm_agent(cfg, arm)] for arm in arms if arm_agent(cfg, arm) != "memory"}
+    others = {label: a for label, a in agents.items() if a != "memory"}  # the labels evaluated as another agent
+    report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start", agents=others,
+                        arm_warm_starts=own_warm)  # fmt: skip
+    warm_rows = {WARM_LABELS[a]: {0: WARM_LABELS[a]} for a in warm_agents(cfg)}
+    behaviour = turns_and_failures(records, ev.get("failures", []), {**warm_rows, **arms}, agents=others)
     phases["eval_s"] = time.perf_counter() - t
     scores, files = None, {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
     means = None
     if cfg.study.memory_scores:
         t = time.perf_counter()
-        items = memory_items(records)
+        items = memory_items(records)  # the memory agents' (a ReAct arm writes none)
+        memory_arms = {arm: labels for arm, labels in arms.items() if arm_agent(cfg, arm) == "memory"}
         say(f"[mempo] study: scoring {len(items)} memories by P(gold | question, memory) under the warm start")
         p, dtype = score_memories(cfg, items)
         means = task_means(items, p)
-        scores = score_study(items, p, arms, reference=cfg.study.reference, warm_start="warm_start")
+        reference = cfg.study.reference if cfg.study.reference in memory_arms else None
+        scores = score_study(items, p, memory_arms, reference=reference, warm_start="warm_start")
         scores |= {"scorer": str(warm_start_folder(cfg)), "dtype": dtype}
         rows = [{"checkpoint": it.checkpoint, "objectives": it.objectives, "task_id": it.task_id, "turn": it.turn,
                  "p_gold": v} for it, v in zip(items, p)]  # fmt: skip
         files["memory_scores_csv"] = write_csv(out / "memory_scores.csv", rows, list(MEMORY_SCORES_COLUMNS))
-        files["memory_scores_png"] = plot_scores(items, p, {"warm_start": {0: "warm_start"}, **arms},
+        files["memory_scores_png"] = plot_scores(items, p, {"warm_start": {0: "warm_start"}, **memory_arms},
                                                  out / "memory_scores.png")  # fmt: skip
         phases["memory_scores_s"] = time.perf_counter() - t
-    rows = per_task_rows(records, arms, warm_start="warm_start", memory_means=means)
+    rows = per_task_rows(records, arms, warm_start="warm_start", memory_means=means, agents=others,
+                         other_warm_starts=sorted(set(own_warm.values())))  # fmt: skip
     files["per_task_csv"] = write_csv(out / "per_task.csv", rows, PER_TASK_COLUMNS)
     phases["total_s"] = time.perf_counter() - start
     design = {
@@ -425,6 +470,9 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         "arm_overrides": {arm: arm_delta(cfg, arm) for arm in run_arms(cfg)},
         "warm_start": str(warm_start_folder(cfg)),
         "warm_start_fingerprint": base_fingerprint(warm_start_folder(cfg)),
+        "arm_agents": {arm: arm_agent(cfg, arm) for arm in run_arms(cfg)},
+        "arm_warm_starts": own_warm,
+        **({"react_warm_start": str(warm_start_folder(cfg, "full_history"))} if own_warm else {}),
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,
     }

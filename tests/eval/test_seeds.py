@@ -262,3 +262,43 @@ def test_per_task_rows_recompute_the_study(tmp_path: Path, capsys: pytest.Captur
     bad[1]["N"] = "two"
     with pytest.raises(ValueError, match="per_task.csv line 3: invalid literal"):
         study_from_per_task([{k: str(v) for k, v in r.items()} for r in bad])
+
+
+def test_arms_of_two_agents_pair_by_seed_and_task_and_each_meets_its_own_warm_start() -> None:
+    """A GRPO arm (memory agent, from warm_start) and a ReAct arm (full-history agent, from react_warm_start), two
+    seeds, four tasks; grpo_s0 is also in the records as a full-history agent, a decoy the agent filter must skip.
+    Seed means by hand: warm_start 0.5, react_warm_start 0.25, grpo 0.75 / 1.0, react 0.5 / 0.5."""
+    em = {
+        ("warm_start", "memory"): [0, 0, 1, 1],
+        ("react_warm_start", "full_history"): [0, 1, 0, 0],
+        ("grpo_s0", "memory"): [1, 0, 1, 1],
+        ("grpo_s1", "memory"): [1, 1, 1, 1],
+        ("grpo_s0", "full_history"): [0, 0, 0, 0],
+        ("react_s0", "full_history"): [0, 1, 1, 0],
+        ("react_s1", "full_history"): [1, 1, 0, 0],
+    }
+    records = [{"checkpoint": c, "agent": a, "objectives": 2, "task_id": f"t{i}", "em": float(v), "f1": float(v)}
+               for (c, a), vs in em.items() for i, v in enumerate(vs)]  # fmt: skip
+    arms = {"grpo": {0: "grpo_s0", 1: "grpo_s1"}, "react": {0: "react_s0", 1: "react_s1"}}
+    agents = {"react_s0": "full_history", "react_s1": "full_history", "react_warm_start": "full_history"}
+    study = seed_study(records, arms, reference="grpo", warm_start="warm_start", agents=agents,
+                       arm_warm_starts={"react": "react_warm_start"})  # fmt: skip
+    got = {(c["arm"], c["against"]): c["em"]["per_seed"] for c in study["comparisons"]}
+    assert got == {
+        ("react", "grpo"): pytest.approx([-0.25, -0.5]),
+        ("grpo", "warm_start"): pytest.approx([0.25, 0.5]),
+        ("react", "react_warm_start"): pytest.approx([0.25, 0.25]),
+    }
+    assert study["other_warm_starts"]["react_warm_start"]["by_n"]["2"]["em"] == 0.25
+    assert study["warm_start"]["by_n"]["2"]["em"] == 0.5
+    # per_task.csv's rows (each label's own agent; the ReAct warm start a row set of its own) give back the same
+    from mempo.eval.seeds import per_task_rows, study_from_per_task
+
+    rows = per_task_rows(records, arms, warm_start="warm_start", agents=agents, other_warm_starts=["react_warm_start"])
+    assert len(rows) == 6 * 4 and {r["arm"] for r in rows if r["seed"] == ""} == {"warm_start", "react_warm_start"}
+    back, back_arms, warm, _ = study_from_per_task([{k: str(v) for k, v in r.items()} for r in rows])
+    again = seed_study(back, back_arms, reference="grpo", warm_start=warm,
+                       arm_warm_starts={"react": "react_warm_start"})  # fmt: skip
+    assert [c["em"]["per_seed"] for c in again["comparisons"]] == [c["em"]["per_seed"] for c in study["comparisons"]]
+    with pytest.raises(ValueError, match="'warm_start' serves both"):
+        seed_study(records, {"a": {0: "warm_start"}}, warm_start="x", arm_warm_starts={"a": "warm_start"})

@@ -100,7 +100,7 @@ def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_hold
         f.mkdir(parents=True)
         (f / "config.json").write_text("{}")
 
-    def fake_run_eval(c, *, out, done=None):
+    def fake_run_eval(c, *, out, done=None, agents=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.jsonl").write_text("")
         rows = [{"checkpoint": label} for label in c.eval.checkpoints]
@@ -253,7 +253,7 @@ def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path,
         (folders[label] / "config.json").write_text("{}")
     calls = []
 
-    def fake_run_eval(c, *, out, done=None):  # the real one runs in the tiny study below
+    def fake_run_eval(c, *, out, done=None, agents=None):  # the real one runs in the tiny study below
         calls.append(dict(c.eval.checkpoints))
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.jsonl").write_text("")
@@ -442,3 +442,37 @@ def test_a_warm_start_retrained_in_place_refuses_the_arms_trained_from_it(tiny_s
     cfg = compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}")
     with pytest.raises(ValueError, match=r"ablation seed 0: .* provenance\.model \(hf:[0-9a-f]{16} -> "):
         run_arm_seed(cfg, arm_seed_configs(cfg)[("ablation", 0)], "ablation seed 0")
+
+
+def test_a_study_with_a_react_arm_trains_its_own_warm_start_and_evaluates_it_as_a_full_history_agent(
+    tiny_path, tmp_path
+) -> None:
+    """GRPO on the memory agent (ablation) against GRPO on a full-history (ReAct) agent, 2 seeds, 1 step each, tiny
+    model: the ReAct arm starts from a warm start trained on the full-history prompts, is evaluated as a full-history
+    agent only, and meets that warm start; per_task.csv recomputes the same comparisons."""
+    from mempo.eval.report import per_task_report
+
+    cfg = compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={tmp_path}",
+                         "study.arms.mempo=null", "+study.arms.react.agent.context=full_history",
+                         "+study.arms.react.advantage.estimator=grpo", "study.memory_scores=false")  # fmt: skip
+    summary = run_stage(cfg)
+    got = json.loads((tmp_path / "study.json").read_text())
+    assert got["design"]["arm_agents"] == {"ablation": "memory", "react": "full_history"}
+    assert got["design"]["arm_warm_starts"] == {"react": "react_warm_start"}
+    assert summary["status"]["react_warm_start"] == "trained"
+    run_cfg = yaml.safe_load((tmp_path / "react" / "seed0" / "study_run.yaml").read_text())
+    assert run_cfg["model"]["name_or_path"] == str(tmp_path / "react_warm_start" / "hf")
+    assert run_cfg["agent"]["context"] == "full_history"
+    warm_cfg = yaml.safe_load((tmp_path / "react_warm_start" / "config.yaml").read_text())
+    assert warm_cfg["agent"]["context"] == "full_history"
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    agents = {(r["checkpoint"], r["agent"]) for r in records}
+    memory, react = "memory", "full_history"
+    assert agents == {("warm_start", memory), ("react_warm_start", react), ("ablation_s0", memory),
+                      ("ablation_s1", memory), ("react_s0", react), ("react_s1", react)}  # fmt: skip
+    pairs = {(c["arm"], c["against"]) for c in got["comparisons"]}
+    assert pairs == {("react", "ablation"), ("ablation", "warm_start"), ("react", "react_warm_start")}
+    recomputed = tmp_path / "recomputed.json"
+    per_task_report(tmp_path / "per_task.csv", json_path=recomputed)
+    again = json.loads(recomputed.read_text())["study"]["comparisons"]
+    assert [c["em"]["per_seed"] for c in again] == [c["em"]["per_seed"] for c in got["comparisons"]]
