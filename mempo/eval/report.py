@@ -371,15 +371,13 @@ def log_to_wandb(cfg: Any, result: Any, files: dict[str, Path]) -> None:
         run.finish()
 
 
-def read_eval_dir(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows of table.csv with numbers parsed, records of results.jsonl) of an evaluation's output folder."""
-    folder = Path(folder)
-    with (folder / "table.csv").open(newline="") as f:
+def read_table(folder: Path) -> list[dict[str, Any]]:
+    """The rows of an evaluation folder's table.csv, numbers parsed (its records: ``read_eval_records``)."""
+    with (Path(folder) / "table.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     text = ("checkpoint", "agent")
-    rows = [{k: (v if k in text else int(v) if k in ("objectives", "tasks") else float(v)) for k, v in r.items()}
+    return [{k: (v if k in text else int(v) if k in ("objectives", "tasks") else float(v)) for k, v in r.items()}
             for r in rows]  # fmt: skip
-    return rows, read_records(folder / "results.jsonl")
 
 
 MEAN_FIELDS = ("em", "f1", "reward", "format_fail", "turns", "tt", "pt")  # per-task fields a --mean checkpoint averages
@@ -470,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         records = read_eval_records(args.eval_dirs)  # a label two folders hold is refused, as under --arm
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    rows = [row for d in args.eval_dirs for row in read_eval_dir(d)[0]]
+    rows = [row for d in args.eval_dirs for row in read_table(d)]
     for spec in args.mean:
         name, sep, labels = spec.partition("=")
         if not sep or not name or not labels:

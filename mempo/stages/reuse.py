@@ -70,17 +70,11 @@ def covered(key: str, prefixes: Sequence[str]) -> bool:
 
 
 def config_diff(
-    saved: Path | dict[str, Any], cfg: DictConfig | dict[str, Any], *, ignored: Sequence[str] = IGNORED_CHANGES
+    saved: dict[str, Any], now: dict[str, Any], *, ignored: Sequence[str] = IGNORED_CHANGES
 ) -> list[tuple[str, Any, Any]]:
-    """(dotted key, saved value, ``cfg``'s value) for each key whose value in a saved config (a file, or its plain
-    dict) differs from ``cfg``'s, ``UNSET`` where one side lacks the key, less the keys under ``ignored``; none when
-    the file does not exist."""
-    if isinstance(saved, Path):
-        if not saved.is_file():
-            return []
-        saved = OmegaConf.to_container(OmegaConf.load(saved))
-    old = flatten(saved)
-    new = flatten(OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg)
+    """(dotted key, saved value, value now) for each key whose value in a saved config (``saved_record``) differs
+    from ``now`` (``recorded``), ``UNSET`` where one side lacks the key, less the keys under ``ignored``."""
+    old, new = flatten(saved), flatten(now)
     keys = [k for k in dict.fromkeys([*new, *old]) if not covered(k, ignored)]
     return [(k, old.get(k, UNSET), new.get(k, UNSET)) for k in keys if old.get(k, UNSET) != new.get(k, UNSET)]
 
@@ -123,7 +117,7 @@ def saved_record(folder: Path, names: Sequence[str] = ("config.yaml",)) -> dict[
         return None
     out = OmegaConf.to_container(OmegaConf.load(saved))
     own = Path(folder) / "config.yaml"
-    if PROVENANCE not in out and own.is_file():
+    if PROVENANCE not in out and saved != own and own.is_file():
         block = OmegaConf.to_container(OmegaConf.load(own)).get(PROVENANCE)
         if block is not None:
             out[PROVENANCE] = block

@@ -84,10 +84,8 @@ def _claim(cfg: DictConfig, stage: str) -> Path:
     """run_dir, refused when it holds another run unless resume or overwrite says what to do with it
     (``mempo.stages.rundir.claim_run_dir``), and on resume when the run's config or warm start changed since
     (``mempo.stages.reuse.check_reuse``); under DDP/FSDP only rank zero deletes what overwrite replaces."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
     out = run_path(cfg)
-    mode = claim_run_dir(out, stage=stage, resume=cfg.resume, overwrite=cfg.overwrite, remove=rank_zero_only.rank == 0)
+    mode = claim_run_dir(out, stage=stage, resume=cfg.resume, overwrite=cfg.overwrite, remove=_rank_zero())
     if mode == "resume":  # continued only under the config and from the weights it started with
         for note in check_reuse(stage, out, cfg, stage=stage, resume=True):
             say(f"[mempo] {stage}: resuming {out}: {note}")
@@ -208,7 +206,8 @@ def fit_rl(
     start = time.perf_counter()
     check_paths(cfg)
     out = _claim(cfg, "rl")
-    threshold = group(cfg, "host").threshold_mb(cfg.trainer.max_steps)
+    host = group(cfg, "host")
+    threshold = host.threshold_mb(cfg.trainer.max_steps)
     if threshold is not None:
         set_mmap_threshold(threshold)
     _seed(cfg)
@@ -246,7 +245,6 @@ def fit_rl(
             return _export(module.policy, module.tokenizer, folder, write=write)
 
         hooks.append(HFSnapshots(out / "hf_steps", cfg.ckpt.hf_every_n_steps, snapshot))
-    host = group(cfg, "host")
     hooks += [
         HostMemory(host.release_every, host.rss_warn_growth),
         MetricsFile(out / "metrics.csv"),
