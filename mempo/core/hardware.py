@@ -7,21 +7,33 @@ import os
 from pathlib import Path
 
 
+def cpuinfo() -> str:
+    """The kernel's /proc/cpuinfo ("" where there is none): its flags lines name what the CPU can do."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX-BF16). Without them torch's bf16
     matmuls fall back to a scalar kernel that runs several times slower than float32 (measured: a warm-start step
     on an AVX2-only CPU took minutes under bf16 autocast)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def cpu_kind() -> str:
-    """``avx512_bf16`` where the CPU has native bf16 (``cpu_has_bf16``), else ``avx2``: the two kinds the measured
-    rates and every timing in the docs are given for."""
+    """``avx512_bf16`` where the CPU has native bf16 (``cpu_has_bf16``), else ``avx2``: what decides whether training
+    and the engine run in bf16."""
     return "avx512_bf16" if cpu_has_bf16() else "avx2"
+
+
+def rate_kind() -> str:
+    """``amx`` where the CPU has native bf16 and AMX tiles (lscpu's amx_tile), else ``cpu_kind()``: the three kinds
+    the console's time estimates have measured rates for (the fast path's bf16 update ran 1,341 update tokens a second
+    on a 2-core AMX Xeon and about 560 on a 2-core AVX512-BF16 EPYC: docs/performance.md, "Time estimates")."""
+    return "amx" if "amx_tile" in cpuinfo() and cpu_has_bf16() else cpu_kind()
 
 
 def resident_gb() -> float:

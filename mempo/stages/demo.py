@@ -26,11 +26,20 @@ from omegaconf import DictConfig
 
 from mempo.core.base import atomic_write_text, write_json
 from mempo.core.console import say
-from mempo.core.hardware import cpu_kind
+from mempo.core.hardware import rate_kind
 from mempo.stages.builders import run_path
 from mempo.stages.config import DEMO_OWN_KEYS, exp_delta, require_eval_task_count
 from mempo.stages.rundir import run_record
-from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.steps import (
+    DEMO_RATES,
+    KIND_LABELS,
+    Step,
+    command_line_keys,
+    folders_arg,
+    run_steps,
+    stage,
+    with_overrides,
+)
 
 
 def expected_seconds(cfg: DictConfig, kind: str) -> dict[str, float]:
@@ -57,9 +66,9 @@ def say_expected_time(cfg: DictConfig) -> None:
     trainer.accelerator=cpu)."""
     if cfg.trainer.accelerator != "cpu":
         return
-    kind = cpu_kind()
+    kind = rate_kind()
     t = expected_seconds(cfg, kind)
-    what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
+    what = KIND_LABELS[kind]
     say(
         f"[mempo] demo: expected about {t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start "
         f"~{t['sft'] / 60:.0f}, RL ~{t['rl'] / 60:.0f}, evaluation ~{t['eval'] / 60:.0f} min (more with fewer cores)"

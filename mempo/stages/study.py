@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
-from mempo.core.hardware import cpu_kind
+from mempo.core.hardware import rate_kind
 from mempo.eval.compare import GridResult
 from mempo.eval.memory_scores import (
     MEMORY_SCORES_COLUMNS,
@@ -70,27 +70,39 @@ from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, 
 from mempo.stages.evaluate import run_eval
 from mempo.stages.reuse import check_reuse, flatten
 from mempo.stages.rundir import finished, held_outputs, run_record
-from mempo.stages.steps import DEMO_RATES, Step, command_line_keys, folders_arg, run_steps, stage, with_overrides
+from mempo.stages.steps import (
+    DEMO_RATES,
+    KIND_LABELS,
+    Step,
+    command_line_keys,
+    folders_arg,
+    run_steps,
+    stage,
+    with_overrides,
+)
 
 RUN_PY = CONFIG_DIR.parent / "run.py"  # the experiments/run.py of the code that is running (not an installed copy)
 REPO_ROOT = CONFIG_DIR.parents[1]
 # Keys the study keeps from the run's config whatever its recipe sets: the budget, and no in-training validation
 # (a study compares the final checkpoints in one evaluation; validation would only cost time).
 STUDY_OWN_KEYS = ("trainer.max_steps", "eval.every_n_steps")
-# The study's float32 evaluation against DEMO_RATES' eval_objective (the demo's bf16 engine): S1 evaluated 7
-# checkpoints x 128 two-question tasks in 1213 s on AVX512-BF16, 173 s a checkpoint, (173 - 25) / 256 = 0.58 s per
-# objective (docs/results.md)
-FLOAT32_EVAL_FACTOR = 0.9
-# The study's rates below were measured on AVX512-BF16 only; on AVX2 they are scaled as DEMO_RATES' RL rollouts
-AVX2_SCALE = DEMO_RATES["avx2"]["rl_rollout"] / DEMO_RATES["avx512_bf16"]["rl_rollout"]
+# Seconds per objective of the study's float32 evaluation engine per checkpoint (DEMO_RATES' eval_objective is the
+# demo's bf16 engine): the MemPO study evaluated 3 checkpoints x 256 two-question tasks in 7.1 min a checkpoint on a
+# 2-core AMX Xeon, alone, (426 - 25) / 512 = 0.78 s an objective (docs/results.md). Float32 matmuls do not use AMX,
+# so the AVX512-BF16 kind takes the same rate (not measured there); AVX2's is DEMO_RATES' own (float32 there too).
+FLOAT32_EVAL_S = {"amx": 0.78, "avx512_bf16": 0.78, "avx2": DEMO_RATES["avx2"]["eval_objective"]}
+# The ratio of RL time per rollout between AVX2 and AVX512-BF16 measured for training (DEMO_RATES' earlier rates,
+# 13.0 / 4.9): the study's rates below were measured with native bf16 only and are scaled by it on AVX2.
+AVX2_SCALE = 13.0 / 4.9
 # Seconds per rollout of an arm-seed run on exp/grpo_cpu's recipe (4 tasks x G=8, top 8 layers), startup included:
-# S1's six 4-step runs took 242-385 s each, 307 s on average, on AVX512-BF16 (docs/results.md); DEMO_RATES' rl_rollout
-# is the demo's recipe (every layer trains, 16 rollouts a step) and overstated these runs 2x.
-STUDY_RL_ROLLOUT_S = {"avx512_bf16": 2.2, "avx2": 2.2 * AVX2_SCALE}
+# S1's six 4-step runs took 242-385 s each, 307 s on average, on a 2-core AMX Xeon (docs/results.md); on a 2-core
+# AVX512-BF16 EPYC the recipe at commit 5cf6635 ran 1,235 rollouts an hour steady (2.9 s each; docs/performance.md).
+STUDY_RL_ROLLOUT_S = {"amx": 2.2, "avx512_bf16": 2.9, "avx2": 2.2 * AVX2_SCALE}
 # The same recipe on the fast path (exp/grpo_cpu_fast: a bf16 engine, compiled engine and update) where the CPU has
 # native bf16: the 40-step curve of docs/results.md took 1859 s for 1280 rollouts on a 2-core AMX Xeon, validation
-# every 10 steps and both compilations included. On AVX2 the fast path's switches resolve off: the rate above.
-FAST_PATH_ROLLOUT_S = 1.45
+# every 10 steps and both compilations included; a 40-step grpo_cpu_40 run took about 50 min on a 2-core AVX512-BF16
+# EPYC (2.35 s a rollout). On AVX2 the fast path's switches resolve off: STUDY_RL_ROLLOUT_S.
+FAST_PATH_ROLLOUT_S = {"amx": 1.45, "avx512_bf16": 2.35}
 # A run that scores its memories (mempo.losses.scores_memories) against the same recipe without, in the MemPO study
 # (grpo_cpu_40, 40 steps, 2-core AMX Xeon; docs/results.md): the three MemPO seeds' step times 2.23x, 2.32x and 1.56x
 # their ablation seeds', mean 2.0. Seed 5, the one that ran alone throughout, is the 1.56x: the scoring forward
@@ -99,8 +111,9 @@ FAST_PATH_ROLLOUT_S = 1.45
 MEMORY_SCORING_FACTOR = 2.0
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
 # memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
-# (0.047 s each, the scorer's loading included; 2.08 a task-objective)
-SCORE_S_PER_MEMORY = {"avx512_bf16": 0.05, "avx2": 0.05 * AVX2_SCALE}
+# on a 2-core AMX Xeon (0.047 s each, the scorer's loading included; 2.08 a task-objective); the AVX512-BF16 kind
+# takes the same rate (not measured there)
+SCORE_S_PER_MEMORY = {"amx": 0.05, "avx512_bf16": 0.05, "avx2": 0.05 * AVX2_SCALE}
 MEMORIES_PER_OBJECTIVE = 2.0
 
 
@@ -187,8 +200,8 @@ def rl_rollout_s(c: DictConfig, kind: str) -> float:
     if not c.model.train_top_layers:
         return DEMO_RATES[kind]["rl_rollout"]
     scoring = MEMORY_SCORING_FACTOR if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
-    if kind == "avx512_bf16" and c.sampler.get("dtype") in ("auto", "bfloat16"):
-        return FAST_PATH_ROLLOUT_S * scoring
+    if kind in FAST_PATH_ROLLOUT_S and c.sampler.get("dtype") in ("auto", "bfloat16"):
+        return FAST_PATH_ROLLOUT_S[kind] * scoring
     return STUDY_RL_ROLLOUT_S[kind] * scoring
 
 
@@ -207,9 +220,7 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
         return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rl_rollout_s(c, kind)
 
     todo = [one(c) for c in runs.values() if not finished(Path(c.run_dir))]
-    per_objective = r["eval_objective"]
-    if kind == "avx512_bf16" and cfg.eval.engine_dtype == "float32":
-        per_objective *= FLOAT32_EVAL_FACTOR
+    per_objective = FLOAT32_EVAL_S[kind] if cfg.eval.engine_dtype == "float32" else r["eval_objective"]
     folders = study_checkpoints(cfg, runs)
     ready = {label: f for label, f in folders.items() if (f / "config.json").is_file()}
     kept = len(comparable_checkpoints(cfg, ready, run_path(cfg) / "eval")) if ready else 0
@@ -228,9 +239,9 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     """One console line at the start: how long this study should take on this kind of CPU (CPU runs only)."""
     if cfg.trainer.accelerator != "cpu":
         return
-    kind = cpu_kind()
+    kind = rate_kind()
     t = expected_seconds(cfg, runs, kind)
-    what = "AVX512-BF16: trains in bf16" if kind == "avx512_bf16" else "no AVX512-BF16: trains in float32"
+    what = KIND_LABELS[kind]
     k, arms = len(cfg.study.seeds), len(run_arms(cfg))
     kept = f" ({t['kept']} kept from an earlier evaluation)" if t["kept"] else ""
     say(

@@ -1,4 +1,5 @@
-"""resident_gb against the kernel's own VmRSS line, and its growth with a tensor the test allocates and touches."""
+"""resident_gb against the kernel's own VmRSS line, and its growth with a tensor the test allocates and touches; the CPU
+kinds read from the flags."""
 
 from __future__ import annotations
 
@@ -39,3 +40,19 @@ def test_resident_gb_grows_by_a_touched_allocation() -> None:
     out = subprocess.run([sys.executable, "-c", GROWTH], capture_output=True, text=True, check=True, timeout=120)
     grown = float(out.stdout.strip().splitlines()[-1])
     assert 0.24 < grown < 0.30, grown
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "rates"),
+    [
+        ("fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "avx512_bf16", "amx"),  # a Sapphire Rapids Xeon
+        ("fpu avx2 avx512f avx512_bf16", "avx512_bf16", "avx512_bf16"),  # an EPYC of the Zen 4 kind
+        ("fpu avx2 fma", "avx2", "avx2"),
+        ("fpu avx2 amx_tile", "avx2", "avx2"),  # tiles without bf16 train in float32: AVX2's rates
+    ],
+)
+def test_the_rate_kind_tells_amx_apart_while_the_cpu_kind_decides_bf16(monkeypatch, flags, kind, rates) -> None:
+    import mempo.core.hardware as hardware
+
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert (hardware.cpu_kind(), hardware.rate_kind()) == (kind, rates)

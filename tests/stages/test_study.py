@@ -76,11 +76,11 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
     got = expected_seconds(cfg, arm_seed_configs(cfg), "avx512_bf16")
     # by hand: the warm start, 96 teacher tasks each of 1 and 2 objectives; 4 runs of 6 steps x 4 tasks x G=8 at the
     # grpo_cpu recipe's measured rate (the study's default recipe), MemPO's two at 2.0x (they score their memories);
-    # 5 checkpoints x 10 two-objective tasks at the bf16 rate x 0.9 (the float32 engine S1 measured)
+    # 5 checkpoints x 10 two-objective tasks at the float32 engine's measured rate
     ws = r["startup"] + 288 * r["sft_objective"]
     run = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"]  # grpo_cpu's own rate
     mempo = r["startup"] + 192 * study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"] * 2.0
-    ev = 5 * (r["startup"] + 20 * r["eval_objective"] * 0.9)
+    ev = 5 * (r["startup"] + 20 * study_stage.FLOAT32_EVAL_S["avx512_bf16"])
     # the fixed scorer: 5 checkpoints x 10 tasks x 2 objectives x 2 memories an objective
     sc = r["startup"] + 200 * study_stage.SCORE_S_PER_MEMORY["avx512_bf16"]
     torch.testing.assert_close(
@@ -110,7 +110,7 @@ def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_hold
     study_stage.evaluate_once(one_arm, folders, tmp_path / "eval")
     both = compose_config(*base)
     r = DEMO_RATES["avx512_bf16"]
-    per_checkpoint = r["startup"] + 20 * r["eval_objective"] * study_stage.FLOAT32_EVAL_FACTOR
+    per_checkpoint = r["startup"] + 20 * study_stage.FLOAT32_EVAL_S["avx512_bf16"]
     got = expected_seconds(both, arm_seed_configs(both), "avx512_bf16")
     assert (got["checkpoints"], got["kept"], got["to_train"]) == (3, 2, 1)
     torch.testing.assert_close(got["eval"], per_checkpoint)
@@ -124,6 +124,8 @@ def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_hold
     ("recipe", "kind", "rate"),
     [
         ("grpo_cpu_40", "avx512_bf16", "fast"),  # bf16 engine on a bf16 CPU: the fast path's measured rate
+        ("grpo_cpu_40", "amx", "fast"),  # the same, at the rate measured with AMX
+        ("grpo_cpu", "amx", "study"),
         ("grpo_cpu_40", "avx2", "study"),  # its switches resolve off on AVX2: grpo_cpu's rate
         ("grpo_cpu", "avx512_bf16", "study"),
         ("grpo_cpu_lora", "avx512_bf16", "demo"),  # every layer adapts: the demo recipe's rate
@@ -132,7 +134,7 @@ def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_hold
 def test_the_expected_rl_time_follows_the_recipe(tmp_path: Path, recipe: str, kind: str, rate: str) -> None:
     cfg = compose_config("+exp=study", f"run_dir={tmp_path}", f"study.recipe={recipe}", "study.arms.mempo=null",
                          "study.seeds=[0]", "trainer.max_steps=40", "study.warm_start=x")  # fmt: skip
-    per_rollout = {"fast": study_stage.FAST_PATH_ROLLOUT_S, "study": study_stage.STUDY_RL_ROLLOUT_S[kind],
+    per_rollout = {"fast": study_stage.FAST_PATH_ROLLOUT_S.get(kind), "study": study_stage.STUDY_RL_ROLLOUT_S[kind],
                    "demo": DEMO_RATES[kind]["rl_rollout"]}[rate]  # fmt: skip
     got = expected_seconds(cfg, arm_seed_configs(cfg), kind)
     # by hand: one run of 40 steps x 4 tasks x G = 8 (the grpo_cpu family's batch) at that rate, plus start-up
