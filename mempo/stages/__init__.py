@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.console import say, setup_console
+from mempo.core.hardware import bound_onednn_caches
 from mempo.stages.builders import run_path
 from mempo.stages.config import check_paths, require_teacher, trains_warm_start
 from mempo.stages.steps import STAGES, with_overrides
@@ -32,6 +33,7 @@ def run_stage(cfg: DictConfig) -> dict[str, Any]:
     check_paths(cfg)  # a missing model, corpus or data file fails here, naming the key, before anything loads
     if trains_warm_start(cfg):
         require_teacher(cfg)  # real data without the user's teacher file: refused before a model loads
+    bound_onednn_caches(cfg.host.onednn_cache_capacity)  # before the process's first oneDNN primitive
     log = setup_console(run_path(cfg), cfg.verbose)  # library logs and warnings to the run log (mempo.core.console)
     if not cfg.verbose:
         say(f"[mempo] {cfg.stage}: library logs and warnings go to {log} (verbose=true prints them here too)")

@@ -182,11 +182,15 @@ class HostConfig:
       mmap, returned to the kernel when freed, so the heap arenas hold no large blocks to fragment (null = glibc's
       own threshold, which rises to 32 MiB as blocks are freed). It costs about a fifth of a step (each large tensor's
       pages are faulted in fresh); auto: 1 MiB for RL runs of at least ``LONG_RUN_STEPS`` steps, else null.
+    onednn_cache_capacity: entries kept by oneDNN's primitive cache and by ideep's computation cache, one per matmul
+      shape (``mempo.core.hardware.bound_onednn_caches``, set at the run's start; null = the libraries' 1,024 each,
+      which fill with every new sequence length for hundreds of steps).
     """
 
     release_every: int = 1
     rss_warn_growth: float = 0.5
     mmap_threshold_mb: Any = "auto"
+    onednn_cache_capacity: int | None = 8
 
     def __post_init__(self) -> None:
         require(
@@ -200,6 +204,12 @@ class HostConfig:
                     self.mmap_threshold_mb in (None, "auto")
                     or (isinstance(self.mmap_threshold_mb, (int, float)) and 0 < self.mmap_threshold_mb <= 32),
                     "must be null, auto or in (0, 32] MiB",
+                ),
+                (
+                    "onednn_cache_capacity",
+                    self.onednn_cache_capacity is None
+                    or (isinstance(self.onednn_cache_capacity, int) and self.onednn_cache_capacity >= 1),
+                    "must be null or an integer >= 1",
                 ),
             ],
         )

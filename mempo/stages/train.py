@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from mempo.core.base import temp_sibling, wandb_mode, write_json
 from mempo.core.console import say
-from mempo.core.hardware import set_mmap_threshold
+from mempo.core.hardware import bound_onednn_caches, set_mmap_threshold
 from mempo.data.datamodule import RedrawStream, TaskDataModule, per_rank_batch, tasks_per_step_line
 from mempo.data.oracle import load_trajectories_jsonl, oracle_dataset
 from mempo.eval.curves import plot_runs
@@ -207,6 +207,7 @@ def fit_rl(
     check_paths(cfg)
     out = _claim(cfg, "rl")
     host = group(cfg, "host")
+    bound_onednn_caches(host.onednn_cache_capacity)  # acts where nothing has run a oneDNN matmul yet (a direct caller)
     threshold = host.threshold_mb(cfg.trainer.max_steps)
     if threshold is not None:
         set_mmap_threshold(threshold)
