@@ -129,13 +129,13 @@ def command_line_keys(cfg: DictConfig) -> set[str]:
 # (``mempo.core.hardware.rate_kind``; docs/performance.md, "Time estimates"): the warm start per teacher objective (a
 # task of N objectives counts N), an RL step per rollout, in-training validation (RL's float32 engine) and the final
 # evaluation (eval.engine_dtype=auto: bf16 where the CPU has it) per held-out objective and checkpoint, and each
-# phase's start-up (model load, the vLLM engine). "amx": the main job's phases on a 2-core AMX Xeon (893 s: warm
-# start 625, RL 162 of which validation 45, evaluation 106). "avx512_bf16" (no AMX): the earlier rates times 0.72,
+# phase's start-up (model load, the vLLM engine). "amx": the main job's phases on a 2-core AMX Xeon, alone (627 s:
+# warm start 382, RL 147 of which validation 42, evaluation 97). "avx512_bf16" (no AMX): the earlier rates times 0.72,
 # the ratio of a 2-core AVX512-BF16 EPYC's measured main job (15 min 42 s) to what they said (22 min); its phases
 # were not timed apart. "avx2": no native bf16, trains and evaluates in float32 (the warm start and the evaluation
 # measured there on an earlier recipe; the RL step scaled by 2.7, the ratio measured between the kinds for training).
 DEMO_RATES: dict[str, dict[str, float]] = {
-    "amx": {"sft_objective": 2.08, "rl_rollout": 3.2, "val_objective": 1.4, "eval_objective": 0.22, "startup": 25.0},
+    "amx": {"sft_objective": 1.24, "rl_rollout": 2.83, "val_objective": 1.31, "eval_objective": 0.18, "startup": 25.0},
     "avx512_bf16": {
         "sft_objective": 2.08,
         "rl_rollout": 3.55,
