@@ -163,7 +163,7 @@ class DemoConfig:
 
 
 # host.mmap_threshold_mb=auto fixes glibc's mmap threshold for RL runs of at least this many steps (docs/performance.md,
-# "Long runs": its cost, about a fifth of a step, buys RSS that stays flat; short runs keep the speed).
+# "Long runs": it costs about a fifth of a step; with the oneDNN caches capped the RSS stays flat without it).
 LONG_RUN_STEPS = 40
 
 
@@ -181,7 +181,8 @@ class HostConfig:
     mmap_threshold_mb: from the RL stage's start, glibc serves every allocation of this many MiB or more by its own
       mmap, returned to the kernel when freed, so the heap arenas hold no large blocks to fragment (null = glibc's
       own threshold, which rises to 32 MiB as blocks are freed). It costs about a fifth of a step (each large tensor's
-      pages are faulted in fresh); auto: 1 MiB for RL runs of at least ``LONG_RUN_STEPS`` steps, else null.
+      pages are faulted in fresh); auto: 1 MiB for RL runs of at least ``LONG_RUN_STEPS`` steps, else null. Off by
+      default: with ``onednn_cache_capacity`` set, a 40-step soak held a flat RSS without it.
     onednn_cache_capacity: entries kept by oneDNN's primitive cache and by ideep's computation cache, one per matmul
       shape (``mempo.core.hardware.bound_onednn_caches``, set at the run's start; null = the libraries' 1,024 each,
       which fill with every new sequence length for hundreds of steps).
@@ -189,7 +190,7 @@ class HostConfig:
 
     release_every: int = 1
     rss_warn_growth: float = 0.5
-    mmap_threshold_mb: Any = "auto"
+    mmap_threshold_mb: Any = None
     onednn_cache_capacity: int | None = 8
 
     def __post_init__(self) -> None:

@@ -136,8 +136,8 @@ def test_the_rl_stage_sets_the_mmap_threshold_at_its_start(
 
 
 def test_auto_fixes_the_threshold_for_long_runs_only() -> None:
-    host = HostConfig()
-    assert host.mmap_threshold_mb == "auto"
+    assert HostConfig().mmap_threshold_mb is None  # off by default: the capped oneDNN caches keep the RSS flat
+    host = HostConfig(mmap_threshold_mb="auto")
     assert [host.threshold_mb(n) for n in (1, LONG_RUN_STEPS - 1, LONG_RUN_STEPS, 160)] == [None, None, 1.0, 1.0]
     assert HostConfig(mmap_threshold_mb=None).threshold_mb(160) is None
     with pytest.raises(ValueError, match="host.mmap_threshold_mb"):
