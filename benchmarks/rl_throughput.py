@@ -81,7 +81,7 @@ def cpu_flags() -> dict[str, bool]:
 
 def machine_kind() -> dict[str, Any]:
     """``mempo.core.hardware.cpu_kind`` (avx512_bf16 | avx2), the flags, the CPU model and its cores."""
-    from mempo.core.hardware import cpu_kind
+    from mempo.core.hardware import cpu_kind, rate_kind
 
     model = ""
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
@@ -91,7 +91,8 @@ def machine_kind() -> dict[str, Any]:
     flags = cpu_flags()
     kind = cpu_kind()
     label = "AMX" if flags["amx_tile"] else "AVX512-BF16" if flags["avx512_bf16"] else "AVX2 only"
-    return {"cpu_kind": kind, "flags": flags, "label": label, "cpu": model, "cores": os.cpu_count()}
+    return {"cpu_kind": kind, "rate_kind": rate_kind(), "flags": flags, "label": label, "cpu": model,
+            "cores": os.cpu_count()}  # fmt: skip
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -184,11 +185,21 @@ def run_side(checkout: Path, cmd: list[str], log_path: Path, timeout_s: float) -
         raise RuntimeError(f"{' '.join(cmd[1:4])} ... in {checkout}: exit {code} (log {log_path})\n{tail}")
     first, last = min(steps), max(steps)
     return {
+        "settings": speed_settings(lines),
         "steps": steps,
         "startup_s": step_done[first] - steps[first],
         "wall_s": wall,
         "tail_s": wall - step_done[last],
     }
+
+
+def speed_settings(lines: list[str]) -> str:
+    """The run's own console line of its speed switches as resolved (``mempo.stages.builders.speed_settings_line``);
+    a commit that did not print one: says so."""
+    for line in lines:
+        if line.startswith("[mempo] rl: engine ") or line.startswith("[mempo] rl: sampler "):
+            return line.removeprefix("[mempo] rl: ")
+    return "not printed by this commit"
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -389,7 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     commits = args.commits or ["."]
     labels = ["base", "candidate"] if len(commits) == 2 else ["this checkout"]
     kind = machine_kind()
-    log(f"machine: {kind['label']} ({kind['cpu_kind']}), {kind['cores']} cores; warm start: {warm_start} ({warm_kind})")
+    log(f"machine: {kind['label']} ({kind['cpu_kind']}, rates {kind['rate_kind']}), {kind['cores']} cores; "
+        f"warm start: {warm_start} ({warm_kind})")  # fmt: skip
     runs_root = Path(args.runs).resolve() if args.runs else Path(tempfile.mkdtemp(prefix="mempo-rl-runs-"))
     sides = []
     start = time.perf_counter()
@@ -406,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = read_metrics(run_dir)
             fig = summarize(console, rows, rollouts_per_step(run_dir))
             sides.append({"label": label, "commit": info, "checkout": str(checkout), "overrides": overrides,
-                          "command": " ".join(cmd[1:]), "figures": fig})  # fmt: skip
+                          "command": " ".join(cmd[1:]), "settings": console["settings"], "figures": fig})  # fmt: skip
             steady = f"{fig['rollouts_per_h_steady'] or 0:.0f} rollouts/h steady"
             log(f"  {label}: {steady}, {fig['steady_step_s'] or 0:.1f} s a step")
             if not args.runs:
@@ -437,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nRL rollouts per hour, {RECIPE}, {args.steps} steps, seed {args.seed}, from {warm_start}; "
           f"{kind['label']} ({kind['cpu_kind']}), {kind['cores']} cores\n")  # fmt: skip
     print(result["table"])
+    for side in sides:  # what each switch resolved to on this machine (the table's ratio is between these)
+        print(f"{side['label']} ({side['commit']['short']}): {side['settings']}")
     print(f"\nwritten: {args.json}")
 
 

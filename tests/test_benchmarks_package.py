@@ -373,3 +373,7 @@ def test_rl_throughput_runs_two_sides_of_a_tiny_recipe(tmp_path):
         assert f["steady_steps"] == [2] and [st["step"] for st in f["steps"]] == [1, 2, 3]
         assert f["rollouts_per_h_steady"] > 0 and f["steps"][2]["phases"]["validation"] > 0
     assert result["machine"]["cpu_kind"] in ("avx512_bf16", "avx2") and "| ratio |" in result["table"]
+    assert result["machine"]["rate_kind"] in ("amx", "avx512_bf16", "avx2")
+    for s in (base, cand):  # each run's own line of its resolved speed switches, carried into the JSON and printed
+        assert s["settings"].startswith("sampler hf; old log-probs sampler (optim.old_logp=auto); update eager")
+        assert f"{s['label']} ({s['commit']['short']}): {s['settings']}" in out.stdout

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.core.base import temp_sibling
 from mempo.core.console import say
 from mempo.core.format import Tags
+from mempo.core.hardware import rate_kind
 from mempo.core.tasks import Question, Task
 from mempo.data.compose import compose_tasks, source_counts, subset_by_source, task_capacity
 from mempo.data.qa_files import id_prefixes, load_qa_items
@@ -235,6 +236,30 @@ def build_optim_config(cfg: DictConfig) -> OptimConfig:
     if compile_update == "auto":
         compile_update = old_logp == "recompute" and cfg.trainer.strategy != "fsdp2"
     return replace(group(cfg, "optim"), old_logp=old_logp, compile_update=compile_update)
+
+
+def speed_settings_line(cfg: DictConfig) -> str:
+    """The RL run's speed switches as this machine resolves them, each with its key: the engine's dtype
+    (``sampler.dtype``), whether vLLM compiles it (``sampler.enforce_eager``, by the run's length), where the old
+    log-probs come from and whether the update is compiled (``build_optim_config``), and the CPU kind they were
+    resolved for (``mempo.core.hardware.rate_kind``)."""
+    optim = build_optim_config(cfg)
+
+    def key(v: Any) -> str:  # as it is written on the command line
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    if cfg.sampler.backend == "vllm":
+        eager = group(cfg, "sampler").engine_eager(int(cfg.trainer.max_steps))
+        engine = f"engine {sampler_dtype(cfg)} (sampler.dtype={cfg.sampler.dtype}), "
+        engine += f"{'eager' if eager else 'compiled'} (sampler.enforce_eager={key(cfg.sampler.enforce_eager)})"
+    else:
+        engine = f"sampler {cfg.sampler.backend}"
+    compiled = "compiled" if optim.compile_update else "eager"
+    where = f" on a CPU of kind {rate_kind()}" if cfg.trainer.accelerator == "cpu" else ""
+    return (
+        f"{engine}; old log-probs {optim.old_logp} (optim.old_logp={cfg.optim.old_logp}); update {compiled} "
+        f"(optim.compile_update={key(cfg.optim.compile_update)}){where}"
+    )
 
 
 def build_sampler(

@@ -52,6 +52,7 @@ from mempo.stages.builders import (
     group,
     run_path,
     sampler_dtype,
+    speed_settings_line,
     synthetic_world,
 )
 from mempo.stages.config import check_paths, require_teacher, resolve_precision
@@ -260,6 +261,7 @@ def fit_rl(
     tasks_line = tasks_per_step_line(cfg.data.batch_size, trainer.world_size)
     if trainer.is_global_zero:
         print(f"[mempo] rl: {tasks_line}, G={cfg.data.group_size} rollouts each")
+        print(f"[mempo] rl: {speed_settings_line(cfg)}")
     ckpt_path = None
     if cfg.resume:
         if ckpt.last_path.exists():

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import mempo.rollout.vllm_sampler as vllm_sampler
-from mempo.core.hardware import cpu_has_bf16
+from mempo.core.hardware import cpu_has_bf16, rate_kind
 from mempo.rollout.sampler import COMPILE_MIN_STEPS, SamplerConfig
-from mempo.stages.builders import build_optim_config, build_sampler, group, sampler_dtype
+from mempo.stages.builders import build_optim_config, build_sampler, group, sampler_dtype, speed_settings_line
 from mempo.stages.config import compose_config
 
 
@@ -108,3 +108,20 @@ def test_the_memory_plan_reads_dtype_auto_as_the_trainers_precision() -> None:
     assert plan_inputs(cfg, shape).engine.dtype_bytes == 2  # a GPU trains in bf16
     cfg = compose_config("+exp=mempo", "sampler.dtype=auto", "trainer.precision=32-true")
     assert plan_inputs(cfg, shape).engine.dtype_bytes == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), "engine float32 (sampler.dtype=float32), eager (sampler.enforce_eager=true); old log-probs sampler"),
+        (("+exp=grpo_cpu_40",), "(sampler.dtype=auto), compiled (sampler.enforce_eager=auto); old log-probs "),
+        (("+exp=grpo_cpu_fast",), "(sampler.dtype=auto), eager (sampler.enforce_eager=auto); old log-probs "),
+    ],
+)
+def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...], expected: str) -> None:
+    line = speed_settings_line(compose_config(*overrides))
+    assert expected in line
+    bf16_engine = "auto" in expected and cpu_has_bf16()  # auto: a bf16 engine where the trainer runs in bf16
+    assert line.startswith("engine bfloat16" if bf16_engine else "engine float32")
+    assert ("update compiled" in line) == bf16_engine  # compile_update=auto follows the recomputed old log-probs
+    assert line.endswith(f"on a CPU of kind {rate_kind()}")
