@@ -69,30 +69,26 @@ QUICK_STEPS = 3
 # ----------------------------------------------------------------------------------------------- the machine, git
 def cpu_flags() -> dict[str, bool]:
     """The lscpu flags that decide the CPU kind: native bf16 (avx512_bf16), AMX tiles, AVX2."""
-    flags: set[str] = set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    from mempo.core.hardware import cpuinfo
+
+    line = next((x for x in cpuinfo().splitlines() if x.startswith("flags")), "flags:")
+    flags = set(line.split(":", 1)[1].split())
     return {name: name in flags for name in ("avx512_bf16", "amx_tile", "avx2")}
 
 
-def machine_kind() -> dict[str, Any]:
-    """``mempo.core.hardware.cpu_kind`` (avx512_bf16 | avx2), the flags, the CPU model and its cores."""
-    from mempo.core.hardware import cpu_kind, rate_kind
+# How the benchmarks name each of ``mempo.core.hardware.rate_kind``'s kinds beside a timing
+KIND_NAMES = {"amx": "AMX", "avx512_bf16": "AVX512-BF16", "avx2": "AVX2 only"}
 
-    model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    flags = cpu_flags()
-    kind = cpu_kind()
-    label = "AMX" if flags["amx_tile"] else "AVX512-BF16" if flags["avx512_bf16"] else "AVX2 only"
-    return {"cpu_kind": kind, "rate_kind": rate_kind(), "flags": flags, "label": label, "cpu": model,
-            "cores": os.cpu_count()}  # fmt: skip
+
+def machine_kind() -> dict[str, Any]:
+    """``mempo.core.hardware.cpu_kind`` (avx512_bf16 | avx2) and ``rate_kind`` (amx | avx512_bf16 | avx2, which names
+    the machine: ``label``), the flags, the CPU model and its cores."""
+    from mempo.core.hardware import cpu_kind, cpuinfo, rate_kind
+
+    line = next((x for x in cpuinfo().splitlines() if x.startswith("model name")), "model name:")
+    rates = rate_kind()
+    return {"cpu_kind": cpu_kind(), "rate_kind": rates, "flags": cpu_flags(), "label": KIND_NAMES[rates],
+            "cpu": line.split(":", 1)[1].strip(), "cores": os.cpu_count()}  # fmt: skip
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
