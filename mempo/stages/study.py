@@ -43,6 +43,7 @@ from mempo.core.base import atomic_write_text, write_csv, write_json
 from mempo.core.console import say
 from mempo.core.hardware import rate_kind
 from mempo.eval.compare import GridResult
+from mempo.eval.horizon import horizon_markdown, horizon_rows, plot_horizon, token_ratios_by_n
 from mempo.eval.memory_scores import (
     MEMORY_SCORES_COLUMNS,
     MemoryItem,
@@ -412,6 +413,20 @@ def evaluate_once(
     return ev, "evaluated; kept " + ", ".join(kept)
 
 
+def horizon_report(
+    cfg: DictConfig, records: list[dict[str, Any]], arms: dict[str, dict[int, str]], agents: dict[str, str]
+) -> dict[str, Any]:
+    """Per arm (the warm starts as arms of one seed) and N, EM and F1 with intervals and the token means
+    (``mempo.eval.horizon``); token ratios per N of every arm against study.reference and of every memory-agent arm
+    against every ReAct arm."""
+    rows = horizon_rows(records, arms, agents=agents)
+    kinds = {arm: agents.get(next(iter(labels.values())), "memory") for arm, labels in arms.items()}
+    trained = run_arms(cfg)
+    pairs = [(arm, cfg.study.reference) for arm in trained if arm != cfg.study.reference]
+    pairs += [(m, x) for m in trained if kinds[m] == "memory" for x in trained if kinds[x] == "full_history"]
+    return {"rows": rows, "token_ratios": token_ratios_by_n(rows, list(dict.fromkeys(pairs)))}
+
+
 @stage("study")
 def study(cfg: DictConfig) -> dict[str, Any]:
     """Warm start, arms x seeds of RL (each its own process), one evaluation, the seed-level report."""
@@ -453,6 +468,10 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     behaviour = turns_and_failures(records, ev.get("failures", []), {**warm_rows, **arms}, agents=others)
     phases["eval_s"] = time.perf_counter() - t
     scores, files = None, {"study_json": out / "study.json", "study_md": out / "study.md", "eval": Path(ev["out"])}
+    horizon = horizon_report(cfg, records, {**warm_rows, **arms}, others)
+    if len(n_list) > 1:  # the figure a long-horizon study is read by: EM and PT against N
+        title = f"{cfg.study.recipe}, {cfg.trainer.max_steps} RL steps, {cfg.eval.split} tasks"
+        files["horizon_png"] = plot_horizon(horizon["rows"], out / "horizon.png", title=title)
     means = None
     if cfg.study.memory_scores:
         t = time.perf_counter()
@@ -487,9 +506,12 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,
     }
-    result = {"stage": "study", "design": design, **report, "behaviour": behaviour, "status": status, "phases": phases}
+    result = {"stage": "study", "design": design, **report, "behaviour": behaviour, "horizon": horizon,
+              "status": status, "phases": phases}  # fmt: skip
     table = study_markdown(report) + "\n\nTurns per task and failure verdicts (summed over seeds):\n\n"
     table += turns_and_failures_markdown(behaviour)
+    table += "\n\nPer arm and N (EM and F1 with their intervals; TT and PT means):\n\n"
+    table += horizon_markdown(horizon["rows"], horizon["token_ratios"])
     if scores is not None:
         result["memory_scores"] = scores
         table += (

@@ -316,13 +316,26 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
             assert lo <= r["mean"] <= hi and len(r["crossed_bootstrap"]) == 2 and r["df"] >= 1
             assert r["verdict"] in ("above 0", "below 0", "includes 0")
     assert "| mempo - ablation | 1 | EM |" in (run_dir / "study.md").read_text()
+    # per arm and N the horizon rows: the seed means' mean, and PT averaged here from the evaluation's own records
+    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
+    horizon = {(r["arm"], r["objectives"]): r for r in got["horizon"]["rows"]}
+    assert set(horizon) == {(a, n) for a in ("warm_start", "ablation", "mempo") for n in (1, 2)}
+    for arm in ("ablation", "mempo"):
+        for n in (1, 2):
+            row = horizon[(arm, n)]
+            assert row["em"] == pytest.approx(got["arms"][arm]["by_n"][str(n)]["em"]["mean"])
+            assert row["em_lo"] <= row["em"] <= row["em_hi"] and row["seeds"] == 2 and row["tasks"] == 2
+            pts = [r["pt"] for r in records if r["checkpoint"] in (f"{arm}_s0", f"{arm}_s1") and r["objectives"] == n
+                   and r["agent"] == "memory"]  # fmt: skip
+            assert row["pt"] == pytest.approx(sum(pts) / len(pts))
+    assert [(r["arm"], r["against"]) for r in got["horizon"]["token_ratios"]] == [("mempo", "ablation")] * 2
+    assert (run_dir / "horizon.png").stat().st_size > 10_000 and summary["files"]["horizon_png"]
     assert set(got["behaviour"]) == {"warm_start", "ablation", "mempo"}
     assert len(got["behaviour"]["mempo"]["2"]["turns_per_seed"]) == 2 and "verdicts" in got["behaviour"]["mempo"]["2"]
     assert summary["status"] == {"warm_start": "trained"} | {
         f"{a}_s{s}": "trained" for a in got["arms"] for s in (0, 1)
     } | {"eval": "evaluated"}
     # the fixed scorer's scores: one per well-formed memory of the evaluation's memory agent, counted here
-    records = [json.loads(line) for line in (run_dir / "eval" / "results.jsonl").read_text().splitlines()]
     memories = sum(1 for r in records if r["agent"] == "memory" for t in r["trace"] if t["ok"] and t["memory"])
     scores = got["memory_scores"]
     assert scores["memories"] == memories and scores["scorer"] == str(run_dir / "warm_start" / "hf")
