@@ -420,10 +420,10 @@ def horizon_report(
     (``mempo.eval.horizon``); token ratios per N of every arm against study.reference and of every memory-agent arm
     against every ReAct arm."""
     rows = horizon_rows(records, arms, agents=agents)
-    kinds = {arm: agents.get(next(iter(labels.values())), "memory") for arm, labels in arms.items()}
     trained = run_arms(cfg)
     pairs = [(arm, cfg.study.reference) for arm in trained if arm != cfg.study.reference]
-    pairs += [(m, x) for m in trained if kinds[m] == "memory" for x in trained if kinds[x] == "full_history"]
+    pairs += [(m, x) for m in trained if arm_agent(cfg, m) == "memory" for x in trained
+              if arm_agent(cfg, x) == "full_history"]  # fmt: skip
     return {"rows": rows, "token_ratios": token_ratios_by_n(rows, list(dict.fromkeys(pairs)))}
 
 
