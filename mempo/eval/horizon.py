@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mempo.eval.report import AGENT_LABELS, AGENT_STYLES
-from mempo.eval.seeds import checkpoint_scores
+from mempo.eval.seeds import checkpoint_scores, seed_matrix
 from mempo.eval.stats import bootstrap_ci, seed_task_t_interval
 from mempo.eval.tables import markdown_table, pyplot, save_figure
 
@@ -27,13 +27,9 @@ TOKEN_METRICS = ("tt", "pt")
 def _seed_matrix(
     records: Sequence[Mapping[str, Any]], labels: Mapping[int, str], *, agent: str, n: int, metric: str
 ) -> np.ndarray:
-    """[K seeds, T tasks] of ``metric``, columns in one task order; a ValueError when the seeds hold other tasks."""
-    per_seed = {s: checkpoint_scores(records, labels[s], agent=agent, n=n, metric=metric) for s in sorted(labels)}
-    tasks = sorted(next(iter(per_seed.values())))
-    for s, got in per_seed.items():
-        if sorted(got) != tasks:
-            raise ValueError(f"checkpoint {labels[s]!r} at N={n} holds other tasks than {labels[min(labels)]!r}")
-    return np.asarray([[got[t] for t in tasks] for got in per_seed.values()], dtype=np.float64)
+    """[K seeds, T tasks] of ``metric`` (``seed_matrix``: a ValueError when the seeds hold other tasks)."""
+    per_seed = {s: checkpoint_scores(records, labels[s], agent=agent, n=n, metric=metric) for s in labels}
+    return seed_matrix(per_seed, what=f"{'/'.join(labels[s] for s in sorted(labels))} at N={n}")[2]
 
 
 def horizon_rows(

@@ -48,23 +48,31 @@ def paired_differences(a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "
     return out
 
 
+def seed_matrix(scores: Scores, *, what: str = "scores") -> tuple[list[int], list[str], np.ndarray]:
+    """-> (seeds, tasks, x [K, T]): x[i, j] = scores[seeds[i]][tasks[j]], seeds and tasks sorted. Every seed must hold
+    the same tasks (the crossed design: one evaluation scores every checkpoint on the same ones): otherwise a
+    ValueError naming ``what`` and two seeds that differ."""
+    seeds = sorted(scores)
+    tasks = sorted(scores[seeds[0]]) if seeds else []
+    for s in seeds[1:]:
+        if sorted(scores[s]) != tasks:
+            only = sorted(set(scores[s]) ^ set(tasks))[:3]
+            raise ValueError(
+                f"{what}: seeds {seeds[0]} and {s} hold different tasks (e.g. {only}); the seed-level interval needs "
+                "every seed scored on the same tasks"
+            )
+    x = np.asarray([[float(scores[s][t]) for t in tasks] for s in seeds], dtype=np.float64)
+    return seeds, tasks, x.reshape(len(seeds), len(tasks))
+
+
 def paired_matrix(
     a: Scores, b: Scores, *, names: tuple[str, str] = ("a", "b")
 ) -> tuple[list[int], list[str], np.ndarray]:
-    """-> (seeds, tasks, d [K, T]): ``paired_differences`` as the crossed design's matrix, d[i, j] = b - a on task
-    tasks[j] at seed seeds[i]. Every seed must hold the same tasks (one evaluation scores every checkpoint on the same
-    ones): otherwise a ValueError naming two seeds that differ."""
+    """-> (seeds, tasks, d [K, T]): ``paired_differences`` as the crossed design's matrix (``seed_matrix``), d[i, j] =
+    b - a on task tasks[j] at seed seeds[i]."""
     diffs = paired_differences(a, b, names=names)
-    seeds = list(diffs)
-    tasks = sorted(a[seeds[0]]) if seeds else []
-    for s in seeds[1:]:
-        if sorted(a[s]) != tasks:
-            only = sorted(set(a[s]) ^ set(tasks))[:3]
-            raise ValueError(
-                f"{names[1]} - {names[0]}: seeds {seeds[0]} and {s} hold different tasks (e.g. {only}); the seed-level "
-                "interval needs every seed scored on the same tasks"
-            )
-    return seeds, tasks, np.asarray([diffs[s] for s in seeds], dtype=np.float64).reshape(len(seeds), len(tasks))
+    by_task = {s: dict(zip(sorted(a[s]), d, strict=True)) for s, d in diffs.items()}
+    return seed_matrix(by_task, what=f"{names[1]} - {names[0]}")
 
 
 def compare(

@@ -13,7 +13,7 @@ import pytest
 
 from mempo.core.base import write_csv
 from mempo.eval.report import MEAN_FIELDS, interval_table, main, mean_checkpoint
-from mempo.eval.seeds import compare, paired_differences, parse_arm, seed_study, study_markdown
+from mempo.eval.seeds import compare, paired_differences, paired_matrix, parse_arm, seed_study, study_markdown
 from mempo.eval.stats import t_interval, t_quantile, verdict
 
 
@@ -42,6 +42,19 @@ def test_t_interval_by_hand() -> None:
 def _scores(per_seed: dict[int, list[float]], order: int = 1) -> dict[int, dict[str, float]]:
     """seed -> task_id -> value, tasks inserted in order (1) or reversed (-1)."""
     return {s: dict(list({f"t{i}": v for i, v in enumerate(vals)}.items())[::order]) for s, vals in per_seed.items()}
+
+
+def test_the_crossed_matrix_by_hand_and_seeds_on_other_tasks_refused() -> None:
+    a = {0: {"t1": 0.0, "t0": 1.0}, 1: {"t0": 0.0, "t1": 0.0}}
+    b = {0: {"t0": 1.0, "t1": 1.0}, 1: {"t1": 1.0, "t0": 0.0}}
+    seeds, tasks, d = paired_matrix(a, b, names=("ablation", "mempo"))
+    assert (seeds, tasks) == ([0, 1], ["t0", "t1"])
+    assert d.tolist() == [[0.0, 1.0], [0.0, 1.0]]  # b - a by task id, whatever order the dicts hold them in
+    a[1], b[1] = {"t0": 0.0, "t2": 0.0}, {"t0": 1.0, "t2": 1.0}  # seed 1 scored on other tasks than seed 0
+    with pytest.raises(
+        ValueError, match=r"mempo - ablation: seeds 0 and 1 hold different tasks \(e.g. \['t1', 't2'\]\)"
+    ):
+        paired_matrix(a, b, names=("ablation", "mempo"))
 
 
 def test_pairing_by_seed_and_task_removes_the_seeds_spread() -> None:
