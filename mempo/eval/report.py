@@ -15,7 +15,14 @@ from typing import Any
 
 from mempo.core.base import atomic_write_text, wandb_mode, write_csv
 from mempo.eval.memory_scores import read_turn_scores, score_markdown, score_means
-from mempo.eval.seeds import parse_arm, seed_study, study_from_per_task, study_markdown
+from mempo.eval.seeds import (
+    parse_arm,
+    pool_studies,
+    pooled_markdown,
+    seed_study,
+    study_from_per_task,
+    study_markdown,
+)
 from mempo.eval.tables import markdown_table, pyplot, refuse_repeats, save_figure
 
 TABLE_COLUMNS = [
@@ -429,9 +436,10 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("eval_dirs", nargs="*", type=Path)
-    ap.add_argument("--per-task", default=None, type=Path, metavar="CSV",
+    ap.add_argument("--per-task", action="append", default=[], type=Path, metavar="CSV",
                     help="a study's per_task.csv (docs/studies/<name>/): its seed-level tables recomputed against the "
-                    "study's reference arm (its study.json beside the CSV), or --reference")  # fmt: skip
+                    "study's reference arm (its study.json beside the CSV), or --reference; given several times "
+                    "(e.g. one study per world), each study's tables and then their comparisons pooled")  # fmt: skip
     ap.add_argument("--memory-scores", default=None, type=Path, metavar="CSV",
                     help="with --per-task: the study's memory_scores.csv (one row per memory), to compare the memory "
                     "scores turn by turn too (P_GOLD_TURN)")  # fmt: skip
@@ -450,11 +458,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --arm: a checkpoint every arm is also compared with, paired by task")  # fmt: skip
     ap.add_argument("--json", default=None, type=Path, metavar="PATH", help="with --arm: also write the report")
     args = ap.parse_args(argv)
-    if args.per_task is not None:
+    if args.per_task:
         if args.eval_dirs or args.arm or args.mean or args.base or args.warm_start:
             raise SystemExit("--per-task: the CSV holds the whole study; give no EVAL_DIR, --arm, --mean, --base or "
                              "--warm-start with it")  # fmt: skip
-        print(per_task_report(args.per_task, reference=args.reference, json_path=args.json,
+        if len(args.per_task) > 1:
+            if args.memory_scores is not None:
+                raise SystemExit("--memory-scores goes with one --per-task, not several")
+            print(pooled_report(args.per_task, reference=args.reference, json_path=args.json))
+            return
+        print(per_task_report(args.per_task[0], reference=args.reference, json_path=args.json,
                               memory_scores=args.memory_scores))  # fmt: skip
         return
     if args.memory_scores is not None:
@@ -527,6 +540,52 @@ def arm_warm_starts(per_task: Path) -> dict[str, str]:
     return dict(design.get("arm_warm_starts") or {})
 
 
+def per_task_study(
+    path: Path, *, reference: str | None = None
+) -> tuple[dict[str, Any], dict[str, dict[int, str]], str | None, dict[tuple[str, int], dict[str, float]]]:
+    """A study's ``seed_study`` report recomputed from its per_task.csv -> (the report, its arms, its warm start label,
+    its memory means: ``study_from_per_task``'s). Against ``reference``, else the study's own (``study_reference``,
+    and its study.also_reference). A SystemExit naming the file when the CSV does not make a study."""
+    also: list[str] = []
+    if reference is None:
+        reference = study_reference(Path(path))
+        also = json.loads((Path(path).parent / "study.json").read_text()).get("also_reference", [])
+    with Path(path).open(newline="") as f:
+        try:
+            records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
+            own = arm_warm_starts(Path(path))
+            study = seed_study(records, arms, reference=reference, warm_start=warm, arm_warm_starts=own,
+                               also_reference=also)  # fmt: skip
+        except ValueError as e:
+            raise SystemExit(f"--per-task {path}: {e}") from None
+    return study, arms, warm, means
+
+
+def pooled_report(paths: Sequence[Path], *, reference: str | None = None, json_path: Path | None = None) -> str:
+    """Several studies' per_task.csv (e.g. the same study command on two synthetic worlds): each study's tables
+    (``per_task_study``), then their common comparisons pooled with the studies as fixed strata
+    (``mempo.eval.seeds.pool_studies``), each named by its folder. With ``json_path`` also written there ({"studies",
+    "pooled"})."""
+    paths = [Path(p) for p in paths]
+    names = [p.parent.name for p in paths]
+    if len(set(names)) != len(names):
+        names = [str(p) for p in paths]
+    studies = [per_task_study(p, reference=reference)[0] for p in paths]
+    try:
+        pooled = pool_studies(studies, names)
+    except ValueError as e:
+        raise SystemExit(f"--per-task: {e}") from None
+    out = []
+    for name, study in zip(names, studies, strict=True):
+        out += [f"## {name}", "", study_markdown(study), ""]
+    out += [f"## Pooled over {', '.join(names)} (fixed strata: the unweighted mean of the studies' differences)", "",
+            pooled_markdown(pooled)]  # fmt: skip
+    if json_path:
+        atomic_write_text(json_path, json.dumps({"studies": dict(zip(names, studies, strict=True)),
+                                                 "pooled": pooled}, indent=1) + "\n")  # fmt: skip
+    return "\n".join(out)
+
+
 def per_task_report(
     path: Path,
     *,
@@ -537,17 +596,9 @@ def per_task_report(
     """A study's seed-level tables recomputed from its per_task.csv (``mempo.eval.seeds.study_from_per_task``): the
     EM and F1 comparisons (``seed_study``) and, where the CSV holds memory scores, theirs (``score_means``); with the
     study's ``memory_scores`` CSV (one row per memory) also turn by turn (``p_gold_turn``). The comparisons are
-    against ``reference``, else the study's own (``study_reference``). With ``json_path`` the report is also written
-    there ({"study", "memory_scores"})."""
-    if reference is None:
-        reference = study_reference(Path(path))
-    with Path(path).open(newline="") as f:
-        try:
-            records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
-            own = arm_warm_starts(Path(path))
-            study = seed_study(records, arms, reference=reference, warm_start=warm, arm_warm_starts=own)
-        except ValueError as e:
-            raise SystemExit(f"--per-task {path}: {e}") from None
+    against ``reference``, else the study's own (``study_reference``, and its study.also_reference). With
+    ``json_path`` the report is also written there ({"study", "memory_scores"})."""
+    study, arms, warm, means = per_task_study(path, reference=reference)
     out, report = [study_markdown(study)], {"study": study, "memory_scores": None}
     if memory_scores is not None and not means:
         raise SystemExit(f"--memory-scores: {path} holds no memory scores to compare turn by turn")

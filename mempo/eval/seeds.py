@@ -27,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from mempo.eval.stats import crossed_bootstrap, seed_task_t_interval, t_interval, verdict
+from mempo.eval.stats import (
+    crossed_bootstrap,
+    crossed_variance,
+    seed_task_t_interval,
+    stratified_t_interval,
+    t_interval,
+    t_quantile,
+    verdict,
+)
 from mempo.eval.tables import markdown_table, refuse_repeats
 
 Scores = Mapping[int, Mapping[str, float]]  # seed -> task_id -> a per-task value (EM or F1)
@@ -104,7 +112,7 @@ def compare(
         out["seed_t_interval"] = [lo, hi]
     if len(seeds) >= 2 and len(tasks) >= 2:
         _, lo, hi, df = seed_task_t_interval(d, level=level)
-        out |= {"interval": [lo, hi], "df": df, "verdict": verdict(lo, hi)}
+        out |= {"interval": [lo, hi], "df": df, "var": crossed_variance(d)[0], "verdict": verdict(lo, hi)}
     return out
 
 
@@ -153,12 +161,13 @@ def seed_study(
     agent: str = "memory",
     agents: Mapping[str, str] | None = None,
     arm_warm_starts: Mapping[str, str] | None = None,
+    also_reference: Sequence[str] = (),
     level: float = 0.95,
 ) -> dict[str, Any]:
     """The seed-level report of ``arms`` (arm -> seed -> checkpoint label in ``records``, results.jsonl's rows),
     per N: per arm its seeds, per-seed EM and F1 and the seed means; per comparison (every other arm against
-    ``reference``, the first arm when None; every arm against ``warm_start``, a label, when given) ``compare``'s
-    result per metric. -> the dict ``study.json`` holds.
+    ``reference``, the first arm when None, then against each arm of ``also_reference``; every arm against
+    ``warm_start``, a label, when given) ``compare``'s result per metric. -> the dict ``study.json`` holds.
 
     agents: checkpoint label -> the agent it was evaluated as, where not ``agent`` (a ReAct arm's labels and its
     warm start's: "full_history"); arms of different agents pair by seed and task like any two. arm_warm_starts:
@@ -170,8 +179,9 @@ def seed_study(
     own_ws = dict(arm_warm_starts or {})
     check_labels(arms, warm_start, others=sorted(set(own_ws.values())))
     reference = next(iter(arms)) if reference is None else reference
-    if reference not in arms:
-        raise ValueError(f"reference arm {reference!r} is not among the arms {list(arms)}")
+    for ref in (reference, *also_reference):
+        if ref not in arms:
+            raise ValueError(f"reference arm {ref!r} is not among the arms {list(arms)}")
 
     def agent_of(label: str) -> str:
         return (agents or {}).get(label, agent)
@@ -181,6 +191,8 @@ def seed_study(
     if not ns:
         raise ValueError(f"no records of agent={'/'.join(sorted(used))} in the evaluations given")
     out: dict[str, Any] = {"agent": agent, "objectives": ns, "reference": reference, "warm_start": None, "arms": {}}
+    if also_reference:
+        out["also_reference"] = list(also_reference)
     if agents:
         out["agents"] = dict(agents)
     scores: dict[tuple[str, int, str], dict[int, dict[str, float]]] = {}  # (arm, N, metric) -> Scores
@@ -204,7 +216,7 @@ def seed_study(
         by_n = {str(n): {m: float(np.mean(list(got[(n, m)].values()))) for m in METRICS} for n in ns}
         return got, {"checkpoint": label, "agent": agent_of(label), "by_n": by_n}
 
-    pairs = [(arm, reference) for arm in arms if arm != reference]
+    pairs = [(arm, ref) for ref in dict.fromkeys((reference, *also_reference)) for arm in arms if arm != ref]
     ws: dict[str, dict[tuple[int, str], dict[str, float]]] = {}  # warm start label -> (N, metric) -> task scores
     if warm_start is not None:
         ws[warm_start], out["warm_start"] = warm(warm_start)
@@ -341,6 +353,68 @@ def comparison_table(comparisons: Sequence[Mapping[str, Any]], metrics: Sequence
                 }
             rows.append(row)
     return COMPARISON_NOTE + "\n\n" + markdown_table(rows, cols)
+
+
+def pool_studies(
+    studies: Sequence[Mapping[str, Any]], names: Sequence[str], *, level: float = 0.95
+) -> list[dict[str, Any]]:
+    """The same comparisons of W studies (``seed_study`` reports, e.g. one per synthetic world: strata) pooled: per
+    (arm, against, N) that every study holds and metric, the unweighted mean over studies of their differences with
+    ``stratified_t_interval`` (the studies fixed strata), each study's own mean, and for two studies the difference
+    between them (second - first, Var = Var_1 + Var_2, Welch-Satterthwaite df): whether the effect differs between
+    them. A comparison without an interval in some study (one seed) is left out, named in the ValueError if none is
+    left."""
+    if len(studies) != len(names) or not studies:
+        raise ValueError(f"pool_studies: one name per study, got {len(names)} names for {len(studies)} studies")
+    keyed = [{(c["arm"], c["against"], c["N"]): c for c in st["comparisons"]} for st in studies]
+    common = [k for k in keyed[0] if all(k in other for other in keyed[1:])]
+    out = []
+    for key in common:
+        row: dict[str, Any] = {"arm": key[0], "against": key[1], "N": key[2], "studies": list(names)}
+        for m in METRICS:
+            got = [kd[key][m] for kd in keyed]
+            if not all(g.get("var") is not None and g.get("df") for g in got):
+                break
+            mean, lo, hi, df = stratified_t_interval([g["mean"] for g in got], [g["var"] for g in got],
+                                                     [g["df"] for g in got], level=level)  # fmt: skip
+            row[m] = {"by_study": [g["mean"] for g in got], "mean": mean, "interval": [lo, hi], "df": df,
+                      "verdict": verdict(lo, hi), "level": level}  # fmt: skip
+            if len(got) == 2:
+                (a, b), (va, vb), (fa, fb) = ([g[k] for g in got] for k in ("mean", "var", "df"))
+                var = va + vb
+                df2 = var**2 / (va**2 / fa + vb**2 / fb) if var > 0 else min(fa, fb)
+                half = t_quantile(df2, level) * var**0.5
+                row[m]["between"] = {"mean": b - a, "interval": [b - a - half, b - a + half], "df": df2}
+        else:
+            out.append(row)
+    if not out:
+        raise ValueError(f"pool_studies: no comparison with an interval in every study of {list(names)}")
+    return out
+
+
+def pooled_markdown(pooled: Sequence[Mapping[str, Any]], *, digits: int = 3) -> str:
+    """``pool_studies``' rows as one markdown table: each study's mean, the pooled mean and interval, its df, the
+    verdict, and for two studies the difference between them with its interval."""
+
+    def pair(lo_hi: Sequence[float]) -> str:
+        return f"[{lo_hi[0]:.{digits}f}, {lo_hi[1]:.{digits}f}]"
+
+    names = pooled[0]["studies"] if pooled else []
+    cols = ["comparison", "N", "metric", *[f"{n} mean" for n in names], "pooled mean", "pooled interval", "df",
+            "verdict", "between studies"]  # fmt: skip
+    rows = []
+    for c in pooled:
+        for m in METRICS:
+            r = c[m]
+            between = r.get("between")
+            rows.append(
+                {"comparison": f"{c['arm']} - {c['against']}", "N": c["N"], "metric": m.upper(),
+                 **{f"{n} mean": f"{v:.{digits}f}" for n, v in zip(names, r["by_study"], strict=True)},
+                 "pooled mean": f"{r['mean']:.{digits}f}", "pooled interval": pair(r["interval"]),
+                 "df": f"{r['df']:.1f}", "verdict": r["verdict"],
+                 "between studies": f"{between['mean']:+.{digits}f} {pair(between['interval'])}" if between else ""}
+            )  # fmt: skip
+    return markdown_table(rows, cols)
 
 
 def study_markdown(study: Mapping[str, Any]) -> str:

@@ -139,14 +139,46 @@ def seed_task_t_interval(d: Any, *, level: float = 0.95) -> tuple[float, float, 
     (S3-like) and where the seeds' does, which neither the seed-only ``t_interval`` (53% at S3-like variances) nor the
     ``crossed_bootstrap`` (under 92% with 3 seeds when the seeds dominate) does."""
     x = _matrix(d, "seed_task_t_interval", min_seeds=2, min_tasks=2)
-    k, t = x.shape
-    seeds = x.mean(axis=1).var(ddof=1) / k  # [K] seed means -> their variance / K
-    tasks = x.mean(axis=0).var(ddof=1) / t  # [T] task means over seeds -> their variance / T
-    var = seeds + tasks
-    df = float(var**2 / (seeds**2 / (k - 1) + tasks**2 / (t - 1))) if var > 0 else float(k - 1)
+    var, df = crossed_variance(x)
     half = t_quantile(df, level) * np.sqrt(var)
     mean = float(x.mean())
     return mean, float(mean - half), float(mean + half), df
+
+
+def crossed_variance(d: Any) -> tuple[float, float]:
+    """-> (Var(mean), df) of ``seed_task_t_interval``'s mean of ``d`` [K >= 2 seeds, T >= 2 tasks]: the two terms'
+    sum and their Welch-Satterthwaite df (K - 1 where both terms are 0)."""
+    x = _matrix(d, "crossed_variance", min_seeds=2, min_tasks=2)
+    k, t = x.shape
+    seeds = x.mean(axis=1).var(ddof=1) / k  # [K] seed means -> their variance / K
+    tasks = x.mean(axis=0).var(ddof=1) / t  # [T] task means over seeds -> their variance / T
+    var = float(seeds + tasks)
+    df = float(var**2 / (seeds**2 / (k - 1) + tasks**2 / (t - 1))) if var > 0 else float(k - 1)
+    return var, df
+
+
+def stratified_t_interval(
+    means: Sequence[float], variances: Sequence[float], dfs: Sequence[float], *, level: float = 0.95
+) -> tuple[float, float, float, float]:
+    """-> (mean, low, high, df) of the unweighted mean over W strata (e.g. synthetic worlds, each its own study) of
+    each stratum's estimate ``means[w]`` with Var ``variances[w]`` and df ``dfs[w]`` (``crossed_variance``):
+
+        Var = sum_w Var_w / W^2,   df = Var^2 / sum_w ((Var_w / W^2)^2 / df_w)   (Welch-Satterthwaite)
+
+    The strata are fixed, not drawn: the interval is about these W worlds (with W = 2, a random-effects interval over
+    worlds would have df = 1). Needs W >= 1 and every df >= 1."""
+    m, v, f = (np.asarray(a, dtype=np.float64) for a in (means, variances, dfs))
+    if not (m.ndim == 1 and m.size >= 1 and m.shape == v.shape == f.shape):
+        raise ValueError(f"stratified_t_interval: one mean, variance and df per stratum, got {m.shape}, {v.shape}, "
+                         f"{f.shape}")  # fmt: skip
+    if (v < 0).any() or (f < 1).any() or not (np.isfinite(m).all() and np.isfinite(v).all()):
+        raise ValueError("stratified_t_interval: variances must be finite and >= 0, and every df >= 1")
+    w = m.size
+    var = float(v.sum() / w**2)
+    df = float(var**2 / ((v / w**2) ** 2 / f).sum()) if var > 0 else float(f.min())
+    half = t_quantile(df, level) * np.sqrt(var)
+    mean = float(m.mean())
+    return mean, mean - half, mean + half, df
 
 
 def crossed_bootstrap(
