@@ -244,6 +244,8 @@ class StudyConfig:
       null drops an arm (Hydra merges mappings, so ``study.arms.mempo=null +study.arms.lora.model.lora.rank=16``
       replaces one; exp/study_lora.yaml does so in a file).
     reference: the arm every other arm is compared with.
+    also_reference: further arms every other arm is also compared with, the same way (e.g. [react]: MemPO and GRPO
+      against a ReAct arm as well as against the ablation).
     seeds: the RL seeds of every arm (K = their number), fixed before the study runs; arms pair by seed.
     memory_scores: score every evaluated memory by P(gold | question, memory) under the warm start, one fixed scorer
       for all arms (``mempo.eval.memory_scores``: memory_scores.csv/.md/.png and study.json's "memory_scores").
@@ -254,6 +256,7 @@ class StudyConfig:
     recipe: str | None = "grpo_cpu"
     arms: dict[str, Any] = field(default_factory=default_study_arms)
     reference: str = "ablation"
+    also_reference: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     memory_scores: bool = True
 
@@ -278,6 +281,11 @@ class StudyConfig:
                 ),
                 ("arms", all(v is None or hasattr(v, "items") for v in arms.values()), "each arm must be a mapping"),
                 ("reference", self.reference in self.run_arms, f"must be one of the arms {self.run_arms}"),
+                (
+                    "also_reference",
+                    all(a in self.run_arms and a != self.reference for a in self.also_reference),
+                    f"must name arms among {self.run_arms} other than study.reference",
+                ),
                 ("seeds", len(self.seeds) >= 1, "must hold at least one seed"),
                 ("seeds", len(set(self.seeds)) == len(self.seeds), "must not repeat a seed"),
             ],

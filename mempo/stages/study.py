@@ -10,11 +10,13 @@ as the unit of evidence (``mempo.eval.seeds``; why: docs/results.md, "Pre-regist
                  continued with resume=true from its checkpoint)
     evaluation   the warm start and every final checkpoint in one evaluation on the same held-out tasks
                  (eval.num_tasks x eval.objectives; exp/study.yaml: 128 two-question tasks, a float32 engine)
-                 (reused when a study is run again with the same config and checkpoints: eval/study_eval.json)
+                 (reused when a study is run again with the same config and checkpoints: eval/study_eval.json;
+                 one checkpoint at a time, so a study killed in its evaluation keeps the checkpoints it finished)
     memory scores every memory the evaluation's memory agents wrote, scored by P(gold | question, memory) under the
                  warm start, one fixed scorer for every arm (study.memory_scores; ``mempo.eval.memory_scores``)
-    report       per arm its seeds' EM and F1; per comparison (every arm against study.reference, every arm against
-                 the warm start) the per-seed paired differences, the seed-plus-task t-interval the verdict reads
+    report       per arm its seeds' EM and F1; per comparison (every arm against study.reference and each arm of
+                 study.also_reference, every arm against the warm start) the per-seed paired differences, the
+                 seed-plus-task t-interval the verdict reads
                  (every seed on the same tasks: both variance sources, Satterthwaite df; ``mempo.eval.stats``), the
                  crossed bootstrap beside it and the verdict; the same for the memory scores; per arm its turns per
                  task and failure verdicts
@@ -413,6 +415,36 @@ def evaluate_once(
     return ev, "evaluated; kept " + ", ".join(kept)
 
 
+def evaluate_in_turn(
+    cfg: DictConfig, folders: dict[str, Path], out: Path, agents: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
+    """The study's evaluation one checkpoint at a time: ``evaluate_once`` on the checkpoints an earlier evaluation in
+    ``out`` holds (``comparable_checkpoints``) plus the next one, then plus the one after, each call keeping those
+    before it (``earlier_results``) and writing study_eval.json. A study killed during its evaluation (hours at
+    several N) keeps every checkpoint it finished; the same command goes on from the next. The whole evaluation is
+    reused as before when its record matches; overwrite=true evaluates every checkpoint again, the first call
+    keeping nothing; with eval.score_memories (results that are not kept) it is one call for every checkpoint
+    -> (the last result, "reused" | "evaluated" | "evaluated; kept <labels>")."""
+    record = out / "study_eval.json"
+    if cfg.eval.score_memories:
+        return evaluate_once(cfg, folders, out, agents)
+    if record.is_file() and not cfg.overwrite:
+        held = json.loads(record.read_text())
+        if held.get("key") == json.loads(json.dumps(eval_key(cfg, folders))):
+            return evaluate_once(cfg, folders, out, agents)  # the whole evaluation, reused
+    kept = set() if cfg.overwrite else comparable_checkpoints(cfg, folders, out)
+    order = [label for label in folders if label in kept] + [label for label in folders if label not in kept]
+    todo = [label for label in order if label not in kept] or order[-1:]  # none: one call, to write the record
+    c, ev = cfg, {}
+    for label in todo:
+        part = order[: order.index(label) + 1]
+        own = {k: a for k, a in (agents or {}).items() if k in part}
+        ev, _ = evaluate_once(c, {k: folders[k] for k in part}, out, own)
+        c = with_overrides(cfg, {"overwrite": False})  # overwrite=true: the first call only
+    status = "evaluated; kept " + ", ".join(sorted(kept, key=order.index)) if kept else "evaluated"
+    return ev, status
+
+
 def horizon_report(
     cfg: DictConfig, records: list[dict[str, Any]], arms: dict[str, dict[int, str]], agents: dict[str, str]
 ) -> dict[str, Any]:
@@ -457,13 +489,13 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     say(f"[mempo] study: evaluating {len(folders)} checkpoints on the same {cfg.eval.num_tasks} held-out tasks per "
         f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip
     agents = label_agents(cfg, runs)
-    ev, status["eval"] = evaluate_once(cfg, folders, out / "eval", agents)
+    ev, status["eval"] = evaluate_in_turn(cfg, folders, out / "eval", agents)
     records = read_records(Path(ev["files"]["results"]))
     arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in run_arms(cfg)}
     own_warm = {arm: WARM_LABELS[arm_agent(cfg, arm)] for arm in arms if arm_agent(cfg, arm) != "memory"}
     others = {label: a for label, a in agents.items() if a != "memory"}  # the labels evaluated as another agent
     report = seed_study(records, arms, reference=cfg.study.reference, warm_start="warm_start", agents=others,
-                        arm_warm_starts=own_warm)  # fmt: skip
+                        arm_warm_starts=own_warm, also_reference=list(cfg.study.also_reference))  # fmt: skip
     warm_rows = {WARM_LABELS[a]: {0: WARM_LABELS[a]} for a in warm_agents(cfg)}
     behaviour = turns_and_failures(records, ev.get("failures", []), {**warm_rows, **arms}, agents=others)
     phases["eval_s"] = time.perf_counter() - t

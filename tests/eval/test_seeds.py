@@ -159,8 +159,19 @@ def test_seed_study_holds_every_arm_and_comparison() -> None:
     assert vs_warm["interval"] == pytest.approx([0.05 - 0.07059, 0.05 + 0.07059], abs=1e-4)
     text = study_markdown(study)
     assert "| mempo - ablation | 2 | EM | 0.250, 0.100, -0.050 | 0.100 | [-0.213, 0.413] | 2.8 |" in text
+    # also_reference: every other arm against it too; ablation - mempo is mempo - ablation's mirror image, by hand
+    also = seed_study(_study_records(), arms, reference="ablation", warm_start="warm", also_reference=["mempo"])
+    assert [(c["arm"], c["against"]) for c in also["comparisons"]] == [
+        ("mempo", "ablation"), ("ablation", "mempo"), ("ablation", "warm_start"), ("mempo", "warm_start")
+    ]  # fmt: skip
+    assert also["also_reference"] == ["mempo"]
+    assert "| ablation - mempo | 2 | EM | -0.250, -0.100, 0.050 | -0.100 | [-0.413, 0.213] | 2.8 |" in study_markdown(
+        also
+    )
     with pytest.raises(ValueError, match="reference arm 'grpo' is not among"):
         seed_study(_study_records(), arms, reference="grpo")
+    with pytest.raises(ValueError, match="reference arm 'react' is not among"):
+        seed_study(_study_records(), arms, reference="ablation", also_reference=["react"])
     with pytest.raises(ValueError, match="checkpoint 'nope': no records"):
         seed_study(_study_records(), {"x": {0: "nope"}})
 

@@ -18,7 +18,7 @@ import mempo.stages.study as study_stage
 from mempo.stages import run_stage
 from mempo.stages.config import check_paths, compose_config
 from mempo.stages.demo import DEMO_RATES
-from mempo.stages.study import arm_seed_configs, evaluate_once, expected_seconds, run_arm_seed
+from mempo.stages.study import arm_seed_configs, evaluate_in_turn, evaluate_once, expected_seconds, run_arm_seed
 
 
 def test_every_arm_seed_runs_the_recipe_with_its_delta_and_the_studys_budget(tmp_path: Path) -> None:
@@ -62,6 +62,12 @@ def test_null_drops_an_arm_from_the_command_line(tmp_path: Path) -> None:
 def test_bad_study_keys_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"study\.reference='nope' must be one of the arms"):
         compose_config("+exp=study", "study.reference=nope")
+    with pytest.raises(
+        ValueError, match=r"study\.also_reference=\['react'\] must name arms among \['ablation', 'mempo'\]"
+    ):
+        compose_config("+exp=study", "study.also_reference=[react]")
+    with pytest.raises(ValueError, match=r"study\.also_reference=\['ablation'\] must name arms .* other than"):
+        compose_config("+exp=study", "study.also_reference=[ablation]")
     with pytest.raises(ValueError, match=r"study\.seeds=\[0, 0\] must not repeat a seed"):
         compose_config("+exp=study", "study.seeds=[0,0]")
     with pytest.raises(ValueError, match=r"study\.arms\.mempo: its run's config is invalid: .*no_such"):
@@ -275,6 +281,46 @@ def test_the_evaluation_is_reused_only_for_the_same_config_and_exports(tmp_path,
     assert calls[0] == {label: str(f) for label, f in folders.items()}
 
 
+def test_a_study_killed_in_its_evaluation_keeps_the_checkpoints_it_finished(tmp_path, monkeypatch) -> None:
+    """evaluate_in_turn: one checkpoint at a time, each call keeping those before it, so the same command goes on from
+    the checkpoint the evaluation was killed in (a fake run_eval that honours ``done``; the real one runs in the tiny
+    study below)."""
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}")
+    folders = {}
+    for label in ("warm_start", "ablation_s0", "mempo_s0"):
+        folders[label] = tmp_path / label / "hf"
+        folders[label].mkdir(parents=True)
+        (folders[label] / "config.json").write_text("{}")
+    calls, kill_at = [], ["mempo_s0"]
+
+    def fake_run_eval(c, *, out, done=None, agents=None):
+        held = {r["checkpoint"] for r in done.rows} if done else set()
+        rows = [r for r in (done.rows if done else []) if r["checkpoint"] in c.eval.checkpoints]
+        for label in c.eval.checkpoints:
+            if label not in held:
+                if label in kill_at:
+                    raise KeyboardInterrupt(f"killed while evaluating {label}")
+                calls.append(label)
+                rows.append({"checkpoint": label, "agent": "memory", "objectives": 2, "em": 1.0})
+        out.mkdir(parents=True, exist_ok=True)
+        records = [{"checkpoint": r["checkpoint"], "agent": "memory", "objectives": 2, "task_id": "t0"} for r in rows]
+        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return {"rows": rows, "out": str(out), "files": {"results": str(out / "results.jsonl")}}
+
+    monkeypatch.setattr(study_stage, "run_eval", fake_run_eval)
+    out = tmp_path / "eval"
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_in_turn(cfg, folders, out)
+    assert calls == ["warm_start", "ablation_s0"]
+    kill_at.clear()
+    ev, status = evaluate_in_turn(cfg, folders, out)  # the same command again: only the one it was killed in
+    assert calls == ["warm_start", "ablation_s0", "mempo_s0"] and status == "evaluated; kept warm_start, ablation_s0"
+    assert [r["checkpoint"] for r in ev["rows"]] == ["warm_start", "ablation_s0", "mempo_s0"]
+    assert evaluate_in_turn(cfg, folders, out)[1] == "reused" and len(calls) == 3
+    assert evaluate_in_turn(with_overwrite(cfg), folders, out)[1] == "evaluated"
+    assert calls[3:] == ["warm_start", "ablation_s0", "mempo_s0"]  # overwrite=true: every one again, in turn
+
+
 def with_overwrite(cfg):
     from mempo.stages import with_overrides
 
@@ -284,7 +330,8 @@ def with_overwrite(cfg):
 @pytest.fixture(scope="module")
 def tiny_study(tiny_path, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("study")
-    summary = run_stage(compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}"))
+    summary = run_stage(compose_config("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}",
+                                       "study.also_reference=[mempo]"))  # fmt: skip
     return run_dir, summary
 
 
@@ -304,9 +351,17 @@ def test_a_tiny_study_writes_study_json(tiny_study) -> None:
             assert (run_dir / arm / f"seed{seed}" / "study_run.yaml").is_file()
     assert set(got["warm_start"]["by_n"]) == {"1", "2"}
     pairs = [(c["arm"], c["against"], c["N"]) for c in got["comparisons"]]
-    assert pairs == [("mempo", "ablation", 1), ("mempo", "ablation", 2)] + [
-        (a, "warm_start", n) for a in ("ablation", "mempo") for n in (1, 2)
-    ]
+    assert pairs == [
+        ("mempo", "ablation", 1),
+        ("mempo", "ablation", 2),
+        ("ablation", "mempo", 1),
+        ("ablation", "mempo", 2),
+    ] + [(a, "warm_start", n) for a in ("ablation", "mempo") for n in (1, 2)]
+    by_pair = {(c["arm"], c["against"], c["N"]): c for c in got["comparisons"]}
+    for n in (1, 2):  # study.also_reference=[mempo]: ablation - mempo, the mirror image of mempo - ablation
+        for m in ("em", "f1"):
+            there, back = by_pair[("mempo", "ablation", n)][m], by_pair[("ablation", "mempo", n)][m]
+            assert back["per_seed"] == pytest.approx([-x for x in there["per_seed"]])
     for c in got["comparisons"]:
         for m in ("em", "f1"):
             r = c[m]
@@ -365,8 +420,8 @@ def test_the_tiny_study_commits_its_per_task_results(tiny_study) -> None:
     written = {(r["checkpoint"], r["objectives"], r["task_id"]) for r in records
                if r["agent"] == "memory" and any(t["ok"] and t["memory"] for t in r["trace"])}  # fmt: skip
     scores_csv = run_dir / "memory_scores.csv" if written else None  # per memory: the turn-matched rows recomputed
-    per_task_report(run_dir / "per_task.csv", reference="ablation", json_path=run_dir / "recomputed.json",
-                    memory_scores=scores_csv)  # fmt: skip
+    # the study's own reference and also_reference, read from its study.json beside the CSV
+    per_task_report(run_dir / "per_task.csv", json_path=run_dir / "recomputed.json", memory_scores=scores_csv)
     again = json.loads((run_dir / "recomputed.json").read_text())
     for was, now in zip(got["comparisons"], again["study"]["comparisons"], strict=True):
         for m in ("em", "f1"):
