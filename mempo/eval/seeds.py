@@ -33,7 +33,6 @@ from mempo.eval.stats import (
     seed_task_t_interval,
     stratified_t_interval,
     t_interval,
-    t_quantile,
     verdict,
 )
 from mempo.eval.tables import markdown_table, refuse_repeats
@@ -375,16 +374,13 @@ def pool_studies(
             got = [kd[key][m] for kd in keyed]
             if not all(g.get("var") is not None and g.get("df") for g in got):
                 break
-            mean, lo, hi, df = stratified_t_interval([g["mean"] for g in got], [g["var"] for g in got],
-                                                     [g["df"] for g in got], level=level)  # fmt: skip
-            row[m] = {"by_study": [g["mean"] for g in got], "mean": mean, "interval": [lo, hi], "df": df,
-                      "verdict": verdict(lo, hi), "level": level}  # fmt: skip
-            if len(got) == 2:
-                (a, b), (va, vb), (fa, fb) = ([g[k] for g in got] for k in ("mean", "var", "df"))
-                var = va + vb
-                df2 = var**2 / (va**2 / fa + vb**2 / fb) if var > 0 else min(fa, fb)
-                half = t_quantile(df2, level) * var**0.5
-                row[m]["between"] = {"mean": b - a, "interval": [b - a - half, b - a + half], "df": df2}
+            means, variances, dfs = ([g[k] for g in got] for k in ("mean", "var", "df"))
+            mean, lo, hi, df = stratified_t_interval(means, variances, dfs, level=level)
+            row[m] = {"by_study": means, "mean": mean, "interval": [lo, hi], "df": df, "verdict": verdict(lo, hi),
+                      "level": level}  # fmt: skip
+            if len(got) == 2:  # the second study's difference minus the first's
+                diff, lo2, hi2, df2 = stratified_t_interval(means, variances, dfs, weights=[-1.0, 1.0], level=level)
+                row[m]["between"] = {"mean": diff, "interval": [lo2, hi2], "df": df2}
         else:
             out.append(row)
     if not out:

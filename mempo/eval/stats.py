@@ -158,12 +158,18 @@ def crossed_variance(d: Any) -> tuple[float, float]:
 
 
 def stratified_t_interval(
-    means: Sequence[float], variances: Sequence[float], dfs: Sequence[float], *, level: float = 0.95
+    means: Sequence[float],
+    variances: Sequence[float],
+    dfs: Sequence[float],
+    *,
+    weights: Sequence[float] | None = None,
+    level: float = 0.95,
 ) -> tuple[float, float, float, float]:
-    """-> (mean, low, high, df) of the unweighted mean over W strata (e.g. synthetic worlds, each its own study) of
-    each stratum's estimate ``means[w]`` with Var ``variances[w]`` and df ``dfs[w]`` (``crossed_variance``):
+    """-> (estimate, low, high, df) of sum_w c_w means[w] over W strata (e.g. synthetic worlds, each its own study),
+    each estimate with Var ``variances[w]`` and df ``dfs[w]`` (``crossed_variance``); ``weights`` c (default 1 / W:
+    the unweighted mean; [-1, 1]: the second minus the first):
 
-        Var = sum_w Var_w / W^2,   df = Var^2 / sum_w ((Var_w / W^2)^2 / df_w)   (Welch-Satterthwaite)
+        Var = sum_w c_w^2 Var_w,   df = Var^2 / sum_w ((c_w^2 Var_w)^2 / df_w)   (Welch-Satterthwaite)
 
     The strata are fixed, not drawn: the interval is about these W worlds (with W = 2, a random-effects interval over
     worlds would have df = 1). Needs W >= 1 and every df >= 1."""
@@ -173,11 +179,14 @@ def stratified_t_interval(
                          f"{f.shape}")  # fmt: skip
     if (v < 0).any() or (f < 1).any() or not (np.isfinite(m).all() and np.isfinite(v).all()):
         raise ValueError("stratified_t_interval: variances must be finite and >= 0, and every df >= 1")
-    w = m.size
-    var = float(v.sum() / w**2)
-    df = float(var**2 / ((v / w**2) ** 2 / f).sum()) if var > 0 else float(f.min())
+    c = np.full(m.size, 1.0 / m.size) if weights is None else np.asarray(weights, dtype=np.float64)
+    if c.shape != m.shape:
+        raise ValueError(f"stratified_t_interval: one weight per stratum, got {c.shape} for {m.shape}")
+    parts = c**2 * v
+    var = float(parts.sum())
+    df = float(var**2 / (parts**2 / f).sum()) if var > 0 else float(f.min())
     half = t_quantile(df, level) * np.sqrt(var)
-    mean = float(m.mean())
+    mean = float(c @ m)
     return mean, mean - half, mean + half, df
 
 
