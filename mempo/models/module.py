@@ -24,7 +24,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,6 +59,7 @@ from mempo.losses import (
     uses_memory_rewards,
 )
 from mempo.models.parallel import full_state_dict, gather_objects, shard_for_strategy
+from mempo.models.profiling import PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOGP, PHASE_OPTIMIZER
 from mempo.rollout.agent import AgentConfig, Env, RolloutBatch, TurnBatch, collect, rollout_metrics
 from mempo.rollout.dynamic import Draw, merge_groups, signal_group_ids
 from mempo.rollout.prompts import PromptBuilder
@@ -204,6 +205,8 @@ class MemPOModule(L.LightningModule):
         # A LoRA policy's base (``mempo.lm.lora.base_fingerprint``): its checkpoints resume on this base only.
         self.base_fingerprint = base_fingerprint
         self.compiled: CompiledLayers | None = None  # optim.compile_update: built at the first update
+        # step -> a context around that step's old log-probs and update (``mempo.models.profiling.UpdateProfiler``)
+        self.update_profiler: Callable[[int], AbstractContextManager] | None = None
 
     def configure_model(self) -> None:
         """Under ``ModelParallelStrategy`` (``trainer=fsdp``): FSDP2 over the data-parallel ranks, the policy (fp32
@@ -357,8 +360,9 @@ class MemPOModule(L.LightningModule):
         rollouts, x, adv, mem_r, mem_valid, p_mem = (
             draw.rollouts, draw.x, draw.adv, draw.mem_r, draw.mem_valid, draw.p_mem
         )  # fmt: skip
-        with self.update_forward():
-            with timed(timings, "logp"):
+        profiled = self.update_profiler(self.batches_done + 1) if self.update_profiler else nullcontext()
+        with self.update_forward(), profiled:
+            with timed(timings, "logp"), torch.profiler.record_function(PHASE_LOGP):
                 signal = not self.optim_cfg.skip_no_signal or self._has_signal(adv, x.response_mask)
                 groups = self.update_rows(adv, x.response_mask)
                 old_logp, ref_logp = self._old_and_ref_logp(x, groups) if signal else (None, None)
@@ -664,29 +668,31 @@ class MemPOModule(L.LightningModule):
                 def mb(t: torch.Tensor, sl: tuple = sl) -> torch.Tensor:
                     return t[sl].to(self.device)
 
-                logp = token_logprobs(
-                    self.policy,
-                    mb(x.input_ids),
-                    mb(x.attention_mask),
-                    score_mask=mb(x.response_mask),
-                    temperature=self.logp_temperature,
-                )
-                if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
-                    old_logp[sl] = logp.detach().float().cpu()
-                loss, m = policy_objective(
-                    logp,
-                    mb(old_logp),
-                    mb(adv),
-                    mb(x.response_mask),
-                    self.loss_cfg,
-                    ref_logp=None if ref_logp is None else mb(ref_logp),
-                    weights=mb(weights),
-                    sampler_logp=mb(x.sampler_logp),
-                )
+                with torch.profiler.record_function(PHASE_FORWARD):
+                    logp = token_logprobs(
+                        self.policy,
+                        mb(x.input_ids),
+                        mb(x.attention_mask),
+                        score_mask=mb(x.response_mask),
+                        temperature=self.logp_temperature,
+                    )
+                    if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
+                        old_logp[sl] = logp.detach().float().cpu()
+                    loss, m = policy_objective(
+                        logp,
+                        mb(old_logp),
+                        mb(adv),
+                        mb(x.response_mask),
+                        self.loss_cfg,
+                        ref_logp=None if ref_logp is None else mb(ref_logp),
+                        weights=mb(weights),
+                        sampler_logp=mb(x.sampler_logp),
+                    )
                 # DDP: ranks hold different numbers of micro-batches, so gradients are synchronized only by each
                 # rank's last backward (one per rank per pass); earlier ones accumulate locally. FSDP2 reduces
                 # (reduce-scatters) every backward: no block, the padded counts above keep ranks in step.
-                with nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync():
+                sync = nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync()
+                with sync, torch.profiler.record_function(PHASE_BACKWARD):
                     self.manual_backward(loss)
                 loss_total += float(loss.detach())
                 if epoch == 0:
@@ -698,7 +704,8 @@ class MemPOModule(L.LightningModule):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
                 sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
             # A DTensor under FSDP2: ``scalar`` makes it the float every rank agrees on.
-            grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip))
+            with torch.profiler.record_function(PHASE_OPTIMIZER):
+                grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip))
             # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
             if not math.isfinite(grad_norm):
                 self.nonfinite_in_a_row += 1
@@ -711,8 +718,9 @@ class MemPOModule(L.LightningModule):
                     )
                 continue
             self.nonfinite_in_a_row = 0
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            with torch.profiler.record_function(PHASE_OPTIMIZER):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             if sched is not None:
                 sched.step()
         self.policy.eval()

@@ -186,12 +186,15 @@ class HostConfig:
     onednn_cache_capacity: entries kept by oneDNN's primitive cache and by ideep's computation cache, one per matmul
       shape (``mempo.core.hardware.bound_onednn_caches``, set at the run's start; null = the libraries' 1,024 each,
       which fill with every new sequence length for hundreds of steps).
+    profile_update_steps: RL steps (from 1) whose old log-probs and update run under ``torch.profiler``, summed by
+      phase and operator family into <run_dir>/profile/update_step<k>.json (``mempo.models.profiling``; [] = none).
     """
 
     release_every: int = 1
     rss_warn_growth: float = 0.5
     mmap_threshold_mb: Any = None
     onednn_cache_capacity: int | None = 8
+    profile_update_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         require(
@@ -211,6 +214,11 @@ class HostConfig:
                     self.onednn_cache_capacity is None
                     or (isinstance(self.onednn_cache_capacity, int) and self.onednn_cache_capacity >= 1),
                     "must be null or an integer >= 1",
+                ),
+                (
+                    "profile_update_steps",
+                    all(isinstance(k, int) and k >= 1 for k in self.profile_update_steps),
+                    "must be a list of RL steps, each an integer >= 1",
                 ),
             ],
         )

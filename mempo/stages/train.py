@@ -40,6 +40,7 @@ from mempo.models.callbacks import (
 )
 from mempo.models.module import MemPOModule
 from mempo.models.parallel import FSDP2Strategy, full_state_dict
+from mempo.models.profiling import UpdateProfiler
 from mempo.models.sft import SFTExample, SFTModule, SFTSequence, build_sft_examples, pack_turns, sft_dataloader
 from mempo.rollout.retrievers import RetrieverError
 from mempo.stages.builders import (
@@ -247,6 +248,11 @@ def fit_rl(
             return _export(module.policy, module.tokenizer, folder, write=write)
 
         hooks.append(HFSnapshots(out / "hf_steps", cfg.ckpt.hf_every_n_steps, snapshot))
+    if host.profile_update_steps:
+        precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
+        compiled = module.optim_cfg.compile_update
+        settings = {"precision": precision, "compile_update": compiled, "engine_dtype": engine_dtype}
+        hooks.append(UpdateProfiler(host.profile_update_steps, out / "profile", settings))
     hooks += [
         HostMemory(host.release_every, host.rss_warn_growth),
         MetricsFile(out / "metrics.csv"),
