@@ -16,17 +16,10 @@ from contextlib import contextmanager
 
 import torch
 
-# Dynamo compiles one graph per variant of the decoder layers' shared ``forward``: frozen, first trainable (its input
-# needs no gradient) or trainable layer, x grad mode (the old log-probs' no-grad recompute), x attention mask or
-# none (a micro-batch without padding), x one row or more: about 20 on a model whose top layers train. Dynamo's
-# default limit (8 per code object) left the variants met after it to run eager from about RL step 5 of a run.
-RECOMPILE_LIMIT = 64
-
 
 class CompiledLayers:
     """Compiles each decoder layer of ``model`` once (``dynamic=True``: one graph for every batch and sequence
-    length) and installs the compiled call only inside ``active()``, where dynamo may keep ``RECOMPILE_LIMIT``
-    graphs of the layers' shared code."""
+    length) and installs the compiled call only inside ``active()``."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         layers = getattr(model.get_decoder(), "layers", None)
@@ -41,8 +34,7 @@ class CompiledLayers:
         for layer, call in zip(self.layers, self.calls):
             layer._compiled_call_impl = call
         try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                yield
+            yield
         finally:
             for layer in self.layers:
                 layer._compiled_call_impl = None
