@@ -48,7 +48,13 @@ COMMON = [
     "eval.every_n_steps=0",
     "ckpt.every_n_steps=1000",
 ]
-COLUMNS = {PHASE_FORWARD: "forward", PHASE_BACKWARD: "backward", PHASE_OPTIMIZER: "optimizer", PHASE_LOGP: "old logp"}
+COLUMNS = {
+    PHASE_FORWARD: "forward",
+    PHASE_BACKWARD: "backward",
+    PHASE_OPTIMIZER: "optimizer",
+    PHASE_LOGP: "old/ref logp",
+    "other": "between",
+}
 
 
 def step_table(record: dict[str, Any]) -> str:
@@ -133,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}, RL step {r['step']}: {r['update_tokens']:.0f} update tokens, update {r['update_s']:.1f} s "
                   f"({rate:.0f} tokens a second), old log-probs {r['logp_s']:.1f} s\n")  # fmt: skip
             print(step_table(r) + "\n")
+            top = ", ".join(f"{name} ({fam}) {sec:.1f} s" for name, fam, sec, _ in r["top"][:8])
+            print(f"top operators by self time: {top}\n")
     print(f"written: {args.json}")
 
 

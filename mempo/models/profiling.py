@@ -67,24 +67,35 @@ def operator_family(name: str, shapes: Sequence[Sequence[int]], vocab_size: int)
     return "overhead"
 
 
-def summarize(events: Iterable[Any], vocab_size: int) -> dict[str, Any]:
+def summarize(events: Iterable[Any], vocab_size: int, top: int = 15) -> dict[str, Any]:
     """Profiler events (``torch.profiler.profile().events()``) -> {"phases": {phase: s}, "families": {phase:
-    {family: s}}, "total_s": s}: each event's self CPU time, in the innermost labelled phase that contains its start
-    ("other" outside every phase). Phase labels themselves count as the phase's overhead."""
+    {family: s}}, "total_s": s, "top": [[operator, family, s, calls], ...]}: each event's self CPU time, in the
+    innermost labelled phase that contains its start ("other" outside every phase), and the ``top`` operators by
+    self time over all phases. Phase labels themselves count as the phase's overhead."""
     events = list(events)
     spans = sorted(
         (e.time_range.start, e.time_range.end, e.name) for e in events if e.name in PHASES
     )  # phases do not nest in one another
     starts = [s[0] for s in spans]
     families: dict[str, dict[str, float]] = {}
+    ops: dict[tuple[str, str], list[float]] = {}
     for e in events:
         i = bisect_right(starts, e.time_range.start) - 1
         phase = spans[i][2] if i >= 0 and e.time_range.start <= spans[i][1] else "other"
         fam = "overhead" if e.name in PHASES else operator_family(e.name, e.input_shapes or [], vocab_size)
         row = families.setdefault(phase, {})
         row[fam] = row.get(fam, 0.0) + e.self_cpu_time_total / 1e6
+        op = ops.setdefault((e.name, fam), [0.0, 0])
+        op[0] += e.self_cpu_time_total / 1e6
+        op[1] += 1
     phases = {p: sum(row.values()) for p, row in families.items()}
-    return {"phases": phases, "families": families, "total_s": sum(phases.values())}
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]
+    return {
+        "phases": phases,
+        "families": families,
+        "total_s": sum(phases.values()),
+        "top": [[name, fam, sec, int(calls)] for (name, fam), (sec, calls) in ranked],
+    }
 
 
 def markdown(summary: dict[str, Any]) -> str:

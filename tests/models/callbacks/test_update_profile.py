@@ -66,6 +66,11 @@ def test_self_times_go_to_the_phase_that_contains_them() -> None:
     }
     assert s["phases"] == pytest.approx({PHASE_FORWARD: 38e-6, PHASE_BACKWARD: 124e-6, "other": 7e-6})
     assert s["total_s"] == pytest.approx(169e-6)
+    # operators by self time over all phases: the two aten::mm (one a matmul, one the LM head's) stay apart
+    assert [(n, f, c) for n, f, _, c in s["top"][:3]] == [
+        ("CompiledFunctionBackward", "fused_compiled", 1), ("aten::mm", "lm_head", 1), ("aten::mm", "matmul", 1)
+    ]  # fmt: skip
+    assert s["top"][0][2] == pytest.approx(70e-6)
     table = markdown(s)
     header = "| phase | matmul | lm_head | casts | fused_compiled | elementwise | overhead | total s |"
     assert table.splitlines()[0] == header
