@@ -8,8 +8,9 @@ rollout's engine is not traced) and writes, per step, ``<run_dir>/profile/update
 and per (phase, family), from each operator's self CPU time, so nothing is counted twice. The families:
 
     matmul                 aten::mm / addmm / bmm / linear and oneDNN's matmul kernels
-    lm_head                the output head's matmul (an operand as wide as the vocabulary) and the log-softmax's
-                           kernels (log_softmax, logsumexp, gather and their backwards)
+    lm_head                every operator with an operand as wide as the vocabulary (the output head's matmul, the
+                           float32 cast, temperature and log-softmax of its [chunk, V] logits, their backwards) and
+                           the log-softmax's own kernels (log_softmax, logsumexp, gather)
     attention              scaled-dot-product attention (its flash kernel on CPU) and its backward
     casts                  dtype casts and copies (aten::copy_, _to_copy, to, contiguous, clone): autocast's
     fused_compiled         the kernels inductor generated (``optim.compile_update``): a compiled graph's own time
@@ -51,10 +52,9 @@ def operator_family(name: str, shapes: Sequence[Sequence[int]], vocab_size: int)
     low = name.lower()
     if "compiled" in low or low.startswith("## call"):
         return "fused_compiled"
-    is_matmul = name in _MATMUL or low.startswith(("mkldnn::", "onednn::")) or "mkldnn_linear" in low
-    if is_matmul and any(vocab_size in tuple(s) for s in shapes):
+    if any(vocab_size in tuple(s) for s in shapes):
         return "lm_head"
-    if is_matmul:
+    if name in _MATMUL or low.startswith(("mkldnn::", "onednn::")) or "mkldnn_linear" in low:
         return "matmul"
     if name in _LOG_SOFTMAX:
         return "lm_head"

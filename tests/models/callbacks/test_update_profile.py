@@ -44,6 +44,9 @@ def test_families_by_name_and_shape() -> None:
     assert operator_family("CompiledFunctionBackward", [], vocab) == "fused_compiled"
     assert operator_family("## Call CompiledFxGraph fabc ##", [], vocab) == "fused_compiled"
     assert operator_family("aten::mul", [[4, 8], [4, 8]], vocab) == "elementwise"
+    # the log-softmax's element-wise work on the [chunk, V] logits (logsumexp's sub and exp, the cast, the temperature)
+    assert operator_family("aten::sub", [[4, 50], [4, 1]], vocab) == "lm_head"
+    assert operator_family("aten::copy_", [[4, 50], [4, 50]], vocab) == "lm_head"
     assert operator_family("MmBackward0", [[4, 8]], vocab) == "overhead"
 
 
