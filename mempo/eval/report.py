@@ -515,28 +515,33 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     return records
 
 
-def study_reference(per_task: Path) -> str:
-    """The reference arm of the study whose per_task.csv is ``per_task``: its study.json (beside it, as the study
-    writes and docs/studies/<name>/ commits them) records it. A SystemExit when there is none to read: the comparisons
-    would otherwise be against whichever arm comes first, which need not be the study's."""
-    record = per_task.parent / "study.json"
+def study_record(per_task: Path) -> dict[str, Any] | None:
+    """The study.json beside ``per_task`` (as the study writes and docs/studies/<name>/ commits them), or None when
+    there is none to read."""
     try:
-        reference = json.loads(record.read_text()).get("reference")
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--per-task {per_task}: the study's reference arm is read from {record} ({e}); give "
-                         "--reference ARM to choose one") from None  # fmt: skip
-    if not reference:
-        raise SystemExit(f"--per-task {per_task}: {record} records no reference arm; give --reference ARM")
-    return str(reference)
-
-
-def arm_warm_starts(per_task: Path) -> dict[str, str]:
-    """arm -> its own warm start's label, for the arms that did not start from the study's warm start (a ReAct arm):
-    the design its study.json beside ``per_task`` records; none when it records none (or there is no study.json)."""
-    try:
-        design = json.loads((per_task.parent / "study.json").read_text()).get("design", {})
+        record = json.loads((per_task.parent / "study.json").read_text())
     except (OSError, ValueError):
-        return {}
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def study_reference(per_task: Path, record: dict[str, Any] | None) -> str:
+    """The reference arm of the study whose per_task.csv is ``per_task``, from its ``study_record``. A SystemExit when
+    there is none to read: the comparisons would otherwise be against whichever arm comes first, which need not be
+    the study's."""
+    where = per_task.parent / "study.json"
+    if record is None:
+        raise SystemExit(f"--per-task {per_task}: the study's reference arm is read from {where}, which is missing "
+                         "or not a JSON object; give --reference ARM to choose one")  # fmt: skip
+    if not record.get("reference"):
+        raise SystemExit(f"--per-task {per_task}: {where} records no reference arm; give --reference ARM")
+    return str(record["reference"])
+
+
+def arm_warm_starts(record: dict[str, Any] | None) -> dict[str, str]:
+    """arm -> its own warm start's label, for the arms that did not start from the study's warm start (a ReAct arm):
+    the design a ``study_record`` records; none when it records none (or there is no study.json)."""
+    design = (record or {}).get("design") or {}
     return dict(design.get("arm_warm_starts") or {})
 
 
@@ -547,13 +552,14 @@ def per_task_study(
     its memory means: ``study_from_per_task``'s). Against ``reference``, else the study's own (``study_reference``,
     and its study.also_reference). A SystemExit naming the file when the CSV does not make a study."""
     also: list[str] = []
+    record = study_record(Path(path))
     if reference is None:
-        reference = study_reference(Path(path))
-        also = json.loads((Path(path).parent / "study.json").read_text()).get("also_reference", [])
+        reference = study_reference(Path(path), record)
+        also = list(record.get("also_reference") or []) if record else []
     with Path(path).open(newline="") as f:
         try:
             records, arms, warm, means = study_from_per_task(list(csv.DictReader(f)))
-            own = arm_warm_starts(Path(path))
+            own = arm_warm_starts(record)
             study = seed_study(records, arms, reference=reference, warm_start=warm, arm_warm_starts=own,
                                also_reference=also)  # fmt: skip
         except ValueError as e:

@@ -35,7 +35,7 @@ def step_of(checkpoint: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def seed_matrix(
+def curve_tensor(
     evals: Mapping[str, Sequence[dict[str, Any]]], *, metric: str = "em", objectives: int | None = None
 ) -> tuple[list[str], list[int], list[str], np.ndarray]:
     """(seeds, steps, task ids, values [K seeds, S steps, T tasks]) of ``metric`` from each seed's evaluation
@@ -43,7 +43,7 @@ def seed_matrix(
     hold the same steps and every step the same tasks, each once; else a ValueError naming the seed and what differs."""
     seeds = list(evals)
     if not seeds:
-        raise ValueError("seed_matrix: no evaluations given")
+        raise ValueError("curve_tensor: no evaluations given")
     per_seed: dict[str, dict[int, dict[str, float]]] = {}
     for seed, records in evals.items():
         refuse_repeats(record_keys(records), RECORD_KEY, unit="record", where=f"seed {seed}: ")
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not (path / "results.jsonl").is_file():
             raise SystemExit(f"{label}: no results.jsonl in {folder} or {folder}/eval")
         evals[label] = read_records(path / "results.jsonl")
-    seeds, steps, tasks, x = seed_matrix(evals, metric=args.metric, objectives=args.objectives)
+    seeds, steps, tasks, x = curve_tensor(evals, metric=args.metric, objectives=args.objectives)
     rows = curve_rows(seeds, steps, x)
     print(curve_markdown(seeds, rows, tasks=len(tasks), metric=args.metric))
     if args.out:

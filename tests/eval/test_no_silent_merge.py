@@ -12,7 +12,7 @@ import pytest
 
 from mempo.eval.memory_scores import MemoryItem, read_turn_scores, task_means, turn_scores
 from mempo.eval.report import TABLE_COLUMNS, interval_table, main, mean_checkpoint, read_records
-from mempo.eval.seed_curves import seed_matrix
+from mempo.eval.seed_curves import curve_tensor
 from mempo.eval.seeds import PER_TASK_COLUMNS, study_from_per_task
 
 
@@ -80,7 +80,7 @@ def test_scored_memories_with_a_repeated_turn_are_refused_by_both_readers() -> N
 def test_in_memory_records_with_a_repeated_task_are_refused() -> None:
     records = [_record("warm_start", "t0", 0.0), _record("s10", "t0", 1.0), _record("s10", "t0", 0.0)]
     with pytest.raises(ValueError, match=r"seed seed0: record 3 repeats record 2: checkpoint='s10'"):
-        seed_matrix({"seed0": records})
+        curve_tensor({"seed0": records})
     with pytest.raises(ValueError, match=r"record 3 repeats record 2: checkpoint='s10'"):
         mean_checkpoint(records + [_record("s20", "t0", 1.0)], "m", ["s10", "s20"])
     rows = [{"checkpoint": c, "agent": "memory", "objectives": 2, "tasks": 1, "em": 0.0, "em_lo": 0.0, "em_hi": 0.0,
@@ -122,3 +122,15 @@ def test_per_task_compares_against_the_studys_reference(tmp_path: Path) -> None:
     assert (row["against"], row["em"]["mean"]) == ("b", -1.0)
     main(["--per-task", str(path), "--reference", "a", "--json", str(out)])  # asked for: another reference
     assert json.loads(out.read_text())["study"]["reference"] == "a"
+
+
+def test_per_task_without_the_studys_record_names_the_file_and_the_way_out(tmp_path: Path) -> None:
+    rows = [(arm, s, 2, f"t{i}", v, v, "") for arm, v in (("a", 0), ("b", 1)) for s in (0, 1) for i in range(2)]
+    path = _per_task_csv(tmp_path / "per_task.csv", rows)
+    with pytest.raises(SystemExit, match=r"study\.json, which is missing or not a JSON object; give --reference ARM"):
+        main(["--per-task", str(path)])
+    (tmp_path / "study.json").write_text(json.dumps({"stage": "study"}))
+    with pytest.raises(SystemExit, match=r"study\.json records no reference arm; give --reference ARM"):
+        main(["--per-task", str(path)])
+    main(["--per-task", str(path), "--reference", "b", "--json", str(tmp_path / "r.json")])  # the way out works
+    assert json.loads((tmp_path / "r.json").read_text())["study"]["reference"] == "b"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mempo.eval.seed_curves import curve_rows, half_width, main, seed_matrix, step_of
+from mempo.eval.seed_curves import curve_rows, curve_tensor, half_width, main, step_of
 from mempo.eval.stats import seed_task_t_interval
 
 # EM of 3 seeds x (warm start, s10, s20) x 4 tasks; the warm start is the same checkpoint in every seed.
@@ -38,7 +38,7 @@ def test_step_of() -> None:
 
 
 def test_matrix_and_rows_against_hand_computation() -> None:
-    seeds, steps, tasks, x = seed_matrix({s: records(s) for s in EM})
+    seeds, steps, tasks, x = curve_tensor({s: records(s) for s in EM})
     assert (seeds, steps, tasks) == (list(EM), [0, 10, 20], [f"val-n2-{i}" for i in range(4)])
     assert x.shape == (3, 3, 4)
     rows = curve_rows(seeds, steps, x)
@@ -73,15 +73,15 @@ def test_half_width_agrees_with_the_interval_of_a_matrix() -> None:
 
 def test_refuses_mismatched_evaluations() -> None:
     with pytest.raises(ValueError, match="seed seed1, step 0: not the same 4 tasks"):
-        seed_matrix({"seed0": records("seed0"), "seed1": records("seed1", tasks=3)})
+        curve_tensor({"seed0": records("seed0"), "seed1": records("seed1", tasks=3)})
     no_s20 = [r for r in records("seed1") if r["checkpoint"] != "s20"]
     with pytest.raises(ValueError, match=r"seed seed1: steps \[0, 10\] differ"):
-        seed_matrix({"seed0": records("seed0"), "seed1": no_s20})
+        curve_tensor({"seed0": records("seed0"), "seed1": no_s20})
     with pytest.raises(ValueError, match="no 'warm_start'"):
-        seed_matrix({"seed0": [r for r in records("seed0") if r["checkpoint"] != "warm_start"]})
+        curve_tensor({"seed0": [r for r in records("seed0") if r["checkpoint"] != "warm_start"]})
     with pytest.raises(ValueError, match="pass objectives="):
-        seed_matrix({"seed0": records("seed0", extra_n=True)})
-    _, _, tasks, _ = seed_matrix({"seed0": records("seed0", extra_n=True)}, objectives=3)
+        curve_tensor({"seed0": records("seed0", extra_n=True)})
+    _, _, tasks, _ = curve_tensor({"seed0": records("seed0", extra_n=True)}, objectives=3)
     assert tasks[0] == "val-n3-0"
 
 
