@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS, ROOT, log, write_json
 from benchmarks.rl_throughput import machine_kind, resolve_warm_start, run_side
-from mempo.models.profiling import FAMILIES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOGP, PHASE_OPTIMIZER
+from mempo.models.profiling import markdown
 
 SETTINGS = {
     "bf16_compiled": ["optim.compile_update=true"],
@@ -48,29 +48,6 @@ COMMON = [
     "eval.every_n_steps=0",
     "ckpt.every_n_steps=1000",
 ]
-COLUMNS = {
-    PHASE_FORWARD: "forward",
-    PHASE_BACKWARD: "backward",
-    PHASE_OPTIMIZER: "optimizer",
-    PHASE_LOGP: "old/ref logp",
-    "other": "between",
-}
-
-
-def step_table(record: dict[str, Any]) -> str:
-    """Families (rows) x the update's phases (columns), seconds and the family's share of the profiled time."""
-    phases = [p for p in COLUMNS if p in record["families"]]
-    total = record["total_s"] or 1.0
-    lines = ["| family | " + " | ".join(COLUMNS[p] for p in phases) + " | all | share |",
-             "| --- |" + " --- |" * (len(phases) + 2)]  # fmt: skip
-    for fam in FAMILIES:
-        cells = [record["families"][p].get(fam, 0.0) for p in phases]
-        whole = sum(row.get(fam, 0.0) for row in record["families"].values())
-        if whole:
-            lines.append(f"| {fam} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {whole:.2f} | "
-                         f"{whole / total:.0%} |")  # fmt: skip
-    lines.append("| all | " + " | ".join(f"{record['phases'][p]:.2f}" for p in phases) + f" | {total:.2f} | |")
-    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             rate = r["update_tokens"] / r["update_s"] if r["update_s"] else 0.0
             print(f"{name}, RL step {r['step']}: {r['update_tokens']:.0f} update tokens, update {r['update_s']:.1f} s "
                   f"({rate:.0f} tokens a second), old log-probs {r['logp_s']:.1f} s\n")  # fmt: skip
-            print(step_table(r) + "\n")
+            print(markdown(r) + "\n")
             top = ", ".join(f"{name} ({fam}) {sec:.1f} s" for name, fam, sec, _ in r["top"][:8])
             print(f"top operators by self time: {top}\n")
     print(f"written: {args.json}")

@@ -98,20 +98,32 @@ def summarize(events: Iterable[Any], vocab_size: int, top: int = 15) -> dict[str
     }
 
 
+# The table's columns: the update's phases in order, then the time between them
+COLUMNS = {PHASE_FORWARD: "forward", PHASE_BACKWARD: "backward", PHASE_OPTIMIZER: "optimizer",
+           PHASE_LOGP: "old/ref logp", "other": "between"}  # fmt: skip
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    """A phase x family table of seconds (phases as rows, the families that occur as columns, totals last)."""
-    fams = [f for f in FAMILIES if any(f in row for row in summary["families"].values())]
-    lines = ["| phase | " + " | ".join(fams) + " | total s |", "| --- |" + " --- |" * (len(fams) + 1)]
-    for phase, row in summary["families"].items():
-        cells = [f"{row.get(f, 0.0):.2f}" for f in fams]
-        lines.append(f"| {phase} | " + " | ".join(cells) + f" | {summary['phases'][phase]:.2f} |")
+    """Families (rows, those that occur) x phases (columns), seconds, with each family's total and share of the
+    profiled time; the last row the phases' totals."""
+    phases = [p for p in COLUMNS if p in summary["families"]]
+    total = summary["total_s"] or 1.0
+    lines = ["| family | " + " | ".join(COLUMNS[p] for p in phases) + " | all | share |",
+             "| --- |" + " --- |" * (len(phases) + 2)]  # fmt: skip
+    for fam in FAMILIES:
+        whole = sum(row.get(fam, 0.0) for row in summary["families"].values())
+        if whole:
+            cells = " | ".join(f"{summary['families'][p].get(fam, 0.0):.2f}" for p in phases)
+            lines.append(f"| {fam} | {cells} | {whole:.2f} | {whole / total:.0%} |")
+    lines.append("| all | " + " | ".join(f"{summary['phases'][p]:.2f}" for p in phases) + f" | {total:.2f} | |")
     return "\n".join(lines)
 
 
 class UpdateProfiler(L.Callback):
     """Profiles the old log-probs and the update of the RL steps in ``steps`` (1-based, as the console counts them)
     and writes each one's ``summarize`` to ``out_dir/update_step<k>.json``, with the step's update tokens and the
-    settings that decide its speed (precision, compiled update, ``ONEDNN_MAX_CPU_ISA``)."""
+    settings that decide its speed (``settings``, e.g. the engine's dtype, and the trainer's precision, the compiled
+    update and ``ONEDNN_MAX_CPU_ISA``, read at the fit's start)."""
 
     def __init__(self, steps: Sequence[int], out_dir: Path, settings: dict[str, Any] | None = None) -> None:
         if any(int(s) < 1 for s in steps):
@@ -119,6 +131,7 @@ class UpdateProfiler(L.Callback):
         self.steps = {int(s) for s in steps}
         self.out_dir = Path(out_dir)
         self.settings = dict(settings or {})
+        self.vocab_size = 0  # the output head's width, read at the fit's start
         self.pending: dict[str, Any] | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -135,6 +148,11 @@ class UpdateProfiler(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.vocab_size = int(pl_module.policy.get_output_embeddings().weight.shape[0])
+        self.settings |= {
+            "precision": str(trainer.precision),
+            "compile_update": pl_module.optim_cfg.compile_update,
+            "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+        }
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -147,7 +165,7 @@ class UpdateProfiler(L.Callback):
             update_tokens=metrics.get("perf/update_tokens", 0.0),
             update_s=metrics.get("perf/update_s", 0.0),
             logp_s=metrics.get("perf/logp_s", 0.0),
-            settings={**self.settings, "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", "")},
+            settings=self.settings,
         )
         if trainer.is_global_zero:
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -249,10 +249,7 @@ def fit_rl(
 
         hooks.append(HFSnapshots(out / "hf_steps", cfg.ckpt.hf_every_n_steps, snapshot))
     if host.profile_update_steps:
-        precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
-        compiled = module.optim_cfg.compile_update
-        settings = {"precision": precision, "compile_update": compiled, "engine_dtype": engine_dtype}
-        hooks.append(UpdateProfiler(host.profile_update_steps, out / "profile", settings))
+        hooks.append(UpdateProfiler(host.profile_update_steps, out / "profile", {"engine_dtype": engine_dtype}))
     hooks += [
         HostMemory(host.release_every, host.rss_warn_growth),
         MetricsFile(out / "metrics.csv"),
