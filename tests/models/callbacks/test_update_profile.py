@@ -120,5 +120,5 @@ def test_the_chosen_step_is_profiled_phase_by_phase(make_cfg, tmp_path: Path) ->
     assert families[PHASE_BACKWARD]["matmul"] > 0 and families[PHASE_BACKWARD]["lm_head"] > 0
     # self times inside the profiled span: no more than the wall time of the phases it wraps
     assert record["total_s"] <= record["update_s"] + record["logp_s"]
-    # the update's own phases hold most of it (not "other": the labels wrap the work)
-    assert phases[PHASE_FORWARD] + phases[PHASE_BACKWARD] + phases[PHASE_OPTIMIZER] > 0.5 * record["total_s"]
+    # the labels wrap the model's work: no matmul or LM head outside every phase (not a share of time, which varies)
+    assert not {"matmul", "lm_head"} & set(families.get("other", {})), families.get("other")
