@@ -1,9 +1,10 @@
 """Per-token log-probs of given token ids, without the full [N, T, V] float32 log-softmax.
 
 The decoder runs once over the batch; the output head and the float32 log-softmax then run over chunks of
-``chunk_size`` valid positions at a time. Under autograd each chunk is checkpointed (recomputed in backward),
-so neither forward nor backward ever holds more than one chunk's [chunk_size, V] logits: a batch of
-16 x 2048 tokens over SmolLM2's 49k vocabulary would otherwise need 6.4 GB per copy.
+``chunk_size`` valid positions at a time. Under autograd each chunk's logits are recomputed in backward (a
+checkpoint, or for log-probs of a plain linear head ``LinearHeadLogProb``'s own backward), so neither forward nor
+backward ever holds more than one chunk's [chunk_size, V] logits: a batch of 16 x 2048 tokens over SmolLM2's 49k
+vocabulary would otherwise need 6.4 GB per copy.
 
 Supports models whose logits are ``get_output_embeddings()(last hidden state)``; models that rescale or cap
 logits after the head (Gemma-2 soft-capping, Cohere logit_scale) are refused rather than silently mis-scored.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
@@ -143,12 +145,16 @@ def head_logprobs(
     chunk_size: int = 256,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    fused: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """hidden [M, H] (each row the state that predicts one token), targets [M] -> (logp [M], entropy [M]) float32
     (float64 for a float64 head); entropy is all zeros unless ``with_entropy``.
 
     The output head and the float32 log-softmax run over ``chunk_size`` rows at a time; under autograd each chunk
     is checkpointed, so forward and backward hold one [chunk_size, V] block of logits at a time, never [M, V].
+    With ``fused`` (the default), log-probs alone of a plain ``nn.Linear`` head take ``LinearHeadLogProb``'s
+    hand-written backward instead of the checkpoint's: the same numbers, fewer passes over the [C, V] logits
+    (``python -m benchmarks.head_logprobs``).
     """
 
     def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -164,9 +170,17 @@ def head_logprobs(
         return logp, logz - (probs * logits).sum(-1)  # H = log Z - E_p[logit]
 
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    fused = fused and recompute and not with_entropy and type(head) is torch.nn.Linear  # not LoRA- or FSDP-wrapped
+    if fused:
+        weight, bias = autocast_params(head, hidden.device.type)
     logp_parts, ent_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if fused:
+            lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head)
+            logp_parts.append(lp)
+            ent_parts.append(torch.zeros_like(lp))
+            continue
         # Checkpointing keeps only h for backward and recomputes the [C, V] logits then, one chunk at a time.
         lp, ent = checkpoint(chunk_stats, h, y, use_reentrant=False) if recompute else chunk_stats(h, y)
         logp_parts.append(lp)
@@ -175,3 +189,64 @@ def head_logprobs(
         empty = hidden.new_zeros((0,), dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, empty
     return torch.cat(logp_parts), torch.cat(ent_parts)
+
+
+class LinearHeadLogProb(torch.autograd.Function):
+    """log p(y | h) = x[y] - logsumexp(x), x = float32(head(h)) / T, for one chunk of rows of an ``nn.Linear`` head,
+    keeping only h and logsumexp(x) for backward. The same arithmetic as autograd through a checkpointed
+    ``chunk_stats``: the logits recomputed by ``head`` under the forward's autocast, then the backward of the gather,
+    logsumexp, the temperature's division, the float32 cast and the linear, op for op in the same dtypes; without
+    re-running the log-softmax's passes over the [C, V] logits or building a graph for them:
+    d x = g * onehot(y) - g * exp(x - logsumexp(x)). ``weight`` and ``bias`` are the head's parameters as its matmul
+    sees them (under autocast: cast once for every chunk, ``autocast_params``, as autocast's cache of a parameter's cast
+    does, so the chunks' gradients add up in the same dtype). ``tests/lm/test_logprobs.py`` checks the log-probs and
+    gradients equal the checkpointed path's bit for bit."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, temperature: float, head: torch.nn.Linear
+    ) -> Tensor:
+        device = h.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.head, ctx.temperature = head, temperature
+        x = head(h)  # [C, V], under the caller's autocast; the head's hooks see the chunk
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        if temperature != 1.0:
+            x = x / temperature
+        logz = x.logsumexp(-1)  # [C]
+        ctx.save_for_backward(h, weight, bias, y, logz)
+        return x.gather(-1, y[:, None]).squeeze(-1) - logz
+
+    @staticmethod
+    @once_differentiable  # no double backward (the recompute runs without a graph)
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        h, weight, bias, y, logz = ctx.saved_tensors
+        device, autocast, dtype = ctx.autocast
+        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=autocast):
+            logits = ctx.head(h)  # the checkpoint's recompute
+        dx = logits.to(torch.promote_types(logits.dtype, torch.float32))  # x, then d x in place: a new tensor
+        if ctx.temperature != 1.0:  # (the recompute's own, or its float32 copy), three passes over [C, V]
+            dx = dx / ctx.temperature
+        dx.sub_(logz[:, None]).exp_().mul_(g.neg()[:, None])  # logsumexp's backward, of d logz = -g
+        dx.scatter_add_(-1, y[:, None], g[:, None])  # plus the gather's backward
+        if ctx.temperature != 1.0:
+            dx.div_(ctx.temperature)
+        dlogits = dx.to(logits.dtype)  # the cast's backward
+        h_c = h.to(logits.dtype)  # the matmul's operands, as autocast cast them
+        dh = dlogits.mm(weight).to(h.dtype) if ctx.needs_input_grad[0] else None
+        dw = dlogits.t().mm(h_c) if ctx.needs_input_grad[1] else None  # as autograd's mm_mat2_backward
+        db = dlogits.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return dh, dw, db, None, None, None
+
+
+def autocast_params(head: torch.nn.Linear, device: str) -> tuple[Tensor, Tensor | None]:
+    """The head's weight and bias as its matmul sees them: cast to autocast's dtype where autocast is on (and they
+    are floating point other than float64, the tensors autocast casts), else as they are."""
+    if not torch.is_autocast_enabled(device):
+        return head.weight, head.bias
+    dtype = torch.get_autocast_dtype(device)
+
+    def cast(t: Tensor | None) -> Tensor | None:
+        return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+
+    return cast(head.weight), cast(head.bias)

@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from mempo.lm.logprobs import token_logprobs, token_logprobs_and_entropy
+from mempo.lm.logprobs import head_logprobs, token_logprobs, token_logprobs_and_entropy
 
 
 def naive_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -160,3 +161,47 @@ def test_score_mask_scores_only_its_positions(tiny_policy) -> None:
     model.zero_grad()
     with pytest.raises(ValueError, match="score_mask"):
         token_logprobs(model, input_ids, attention_mask, score_mask=score_mask[:, :5])
+
+
+def checkpointed_head_logprobs(head: torch.nn.Linear, h: Tensor, y: Tensor, temperature: float, chunk: int) -> Tensor:
+    """The head's log-probs as autograd computes them through a checkpoint per chunk: the path the fused backward
+    replaces (``LinearHeadLogProb``), written out here."""
+
+    def chunk_logp(hc: Tensor, yc: Tensor) -> Tensor:
+        x = head(hc)
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
+        if temperature != 1.0:
+            x = x / temperature
+        return x.gather(-1, yc[:, None]).squeeze(-1) - x.logsumexp(-1)
+
+    parts = [
+        checkpoint(chunk_logp, h[i : i + chunk], y[i : i + chunk], use_reentrant=False) for i in range(0, len(h), chunk)
+    ]
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("head_trains", "bias"), [(False, False), (True, False), (True, True)])
+def test_the_fused_head_backward_is_the_checkpointed_one_bit_for_bit(autocast, temperature, head_trains, bias) -> None:
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(48, 500, bias=bias)
+    head.requires_grad_(head_trains)
+    h0 = torch.randn(37, 48, generator=gen)
+    y = torch.randint(0, 500, (37,), generator=gen)
+    weights = torch.randn(37, generator=gen)  # a loss with signed per-token weights, as an advantage gives
+    results = []
+    for fused in (True, False):
+        head.zero_grad()
+        h = h0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if fused:
+                logp, _ = head_logprobs(head, h, y, chunk_size=16, temperature=temperature)
+            else:
+                logp = checkpointed_head_logprobs(head, h, y, temperature, chunk=16)
+            (weights * logp).sum().backward()
+        grads = [p.grad.clone() for p in head.parameters() if p.requires_grad]
+        results.append((logp.detach(), h.grad, *grads))
+    assert len(results[0]) == 2 + head_trains * (1 + bias)
+    for fused_value, checkpointed_value in zip(*results, strict=True):
+        assert torch.equal(fused_value, checkpointed_value)
