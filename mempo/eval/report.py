@@ -379,8 +379,9 @@ def log_to_wandb(cfg: Any, result: Any, files: dict[str, Path]) -> None:
 
 
 def read_table(folder: Path) -> list[dict[str, Any]]:
-    """The rows of an evaluation folder's table.csv, numbers parsed (its records: ``read_eval_records``)."""
-    with (Path(folder) / "table.csv").open(newline="") as f:
+    """The rows of an evaluation folder's table.csv (beside its results.jsonl: ``results_file``), numbers parsed (its
+    records: ``read_eval_records``)."""
+    with (results_file(Path(folder)).parent / "table.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     text = ("checkpoint", "agent")
     return [{k: (v if k in text else int(v) if k in ("objectives", "tasks") else float(v)) for k, v in r.items()}
@@ -495,6 +496,15 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--base: {e}") from None
 
 
+def results_file(folder: Path) -> Path:
+    """An evaluation's results.jsonl: in ``folder`` (an evaluation's ``eval/``), or in ``folder/eval`` (the run_dir of
+    ``experiments/eval.py``, which holds it); a ValueError naming both places when neither has one."""
+    for path in (folder / "results.jsonl", folder / "eval" / "results.jsonl"):
+        if path.is_file():
+            return path
+    raise ValueError(f"{folder}: no results.jsonl there or in {folder / 'eval'} (give an evaluation's folder)")
+
+
 def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     """The records of several evaluations' results.jsonl, concatenated; a ValueError naming the label and both folders
     when a checkpoint label has records at one (agent, N) in two of them (two runs that share a label, e.g. the demo's
@@ -502,7 +512,7 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     seen: dict[tuple[str, str, int], Path] = {}
     for d in map(Path, eval_dirs):
-        own = read_records(d / "results.jsonl")
+        own = read_records(results_file(d))
         for key in dict.fromkeys((r["checkpoint"], r["agent"], r["objectives"]) for r in own):
             if key in seen:
                 raise ValueError(

@@ -48,6 +48,24 @@ def test_the_default_mode_refuses_a_label_two_folders_hold(tmp_path: Path, capsy
     assert "| rl - warm_start | 2 | 4 | 1.000 [1.000, 1.000] excludes 0" in capsys.readouterr().out
 
 
+def test_an_evaluations_run_dir_is_read_as_its_eval_folder_and_a_folder_without_results_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    """experiments/eval.py's run_dir holds the evaluation in eval/: the report reads it given either folder (it
+    raised a bare FileNotFoundError for the run_dir), in both modes; a folder with neither is refused naming both."""
+    _eval_dir(tmp_path / "run" / "eval", {"warm_start": [0, 0, 0, 0], "rl": [1, 1, 1, 0]})
+    for folder in (tmp_path / "run", tmp_path / "run" / "eval"):
+        main([str(folder)])
+        assert "| rl - warm_start | 2 | 4 | 0.750 [" in capsys.readouterr().out
+    main([str(tmp_path / "run"), "--arm", "a=0:rl", "--reference", "a"])
+    assert "| a | 2 | 0 | 0.750 | 0.750 |" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in ([str(empty)], [str(empty), "--arm", "a=0:rl", "--reference", "a"]):
+        with pytest.raises(SystemExit, match=f"{empty}: no results.jsonl there or in {empty / 'eval'}"):
+            main(argv)
+
+
 def test_results_jsonl_with_a_repeated_rollout_is_refused_naming_file_line_and_key(tmp_path: Path) -> None:
     folder = _eval_dir(tmp_path / "e", {"rl": [1, 0]})
     lines = (folder / "results.jsonl").read_text().splitlines()
