@@ -198,9 +198,10 @@ class LinearHeadLogProb(torch.autograd.Function):
     logsumexp, the temperature's division, the float32 cast and the linear, op for op in the same dtypes; without
     re-running the log-softmax's passes over the [C, V] logits or building a graph for them:
     d x = g * onehot(y) - g * exp(x - logsumexp(x)). ``weight`` and ``bias`` are the head's parameters as its matmul
-    sees them (under autocast: cast once for every chunk, ``autocast_params``, as autocast's cache of a parameter's cast
-    does, so the chunks' gradients add up in the same dtype). ``tests/lm/test_logprobs.py`` checks the log-probs and
-    gradients equal the checkpointed path's bit for bit."""
+    sees them (under autocast: cast once for every chunk, ``autocast_params``, as autocast's cache of a parameter's
+    cast does, so the chunks' gradients add up in the same dtype); they take the gradients and are not saved
+    (backward casts the head's own again, as the checkpoint's recompute did: no [V, H] copy lives until backward).
+    ``tests/lm/test_logprobs.py`` checks the log-probs and gradients equal the checkpointed path's bit for bit."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -214,13 +215,16 @@ class LinearHeadLogProb(torch.autograd.Function):
         if temperature != 1.0:
             x = x / temperature
         logz = x.logsumexp(-1)  # [C]
-        ctx.save_for_backward(h, weight, bias, y, logz)
+        # Not the weight: its cast is made again in backward (as the checkpoint's recompute did), so no [V, H] copy
+        # lives from forward to backward (the GPU memory plan counts none: tests/capacity/test_gpu_memory.py).
+        ctx.save_for_backward(h, y, logz)
+        ctx.has_bias = bias is not None
         return x.gather(-1, y[:, None]).squeeze(-1) - logz
 
     @staticmethod
     @once_differentiable  # no double backward (the recompute runs without a graph)
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        h, weight, bias, y, logz = ctx.saved_tensors
+        h, y, logz = ctx.saved_tensors
         device, autocast, dtype = ctx.autocast
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=autocast):
             logits = ctx.head(h)  # the checkpoint's recompute
@@ -232,10 +236,10 @@ class LinearHeadLogProb(torch.autograd.Function):
         if ctx.temperature != 1.0:
             dx.div_(ctx.temperature)
         dlogits = dx.to(logits.dtype)  # the cast's backward
-        h_c = h.to(logits.dtype)  # the matmul's operands, as autocast cast them
-        dh = dlogits.mm(weight).to(h.dtype) if ctx.needs_input_grad[0] else None
+        h_c, w_c = h.to(logits.dtype), ctx.head.weight.to(logits.dtype)  # the matmul's operands, as autocast cast them
+        dh = dlogits.mm(w_c).to(h.dtype) if ctx.needs_input_grad[0] else None
         dw = dlogits.t().mm(h_c) if ctx.needs_input_grad[1] else None  # as autograd's mm_mat2_backward
-        db = dlogits.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        db = dlogits.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dh, dw, db, None, None, None
 
 
