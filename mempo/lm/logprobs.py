@@ -12,6 +12,8 @@ logits after the head (Gemma-2 soft-capping, Cohere logit_scale) are refused rat
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -173,11 +175,12 @@ def head_logprobs(
     fused = fused and recompute and not with_entropy and type(head) is torch.nn.Linear  # not LoRA- or FSDP-wrapped
     if fused:
         weight, bias = autocast_params(head, hidden.device.type)
+        shared = {"weight": None, "left": -(-hidden.shape[0] // chunk_size)}  # one cast for every chunk's backward
     logp_parts, ent_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if fused:
-            lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head)
+            lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head, shared)
             logp_parts.append(lp)
             ent_parts.append(torch.zeros_like(lp))
             continue
@@ -205,11 +208,18 @@ class LinearHeadLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, h: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, temperature: float, head: torch.nn.Linear
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        y: Tensor,
+        temperature: float,
+        head: torch.nn.Linear,
+        shared: dict[str, Any],
     ) -> Tensor:
         device = h.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        ctx.head, ctx.temperature = head, temperature
+        ctx.head, ctx.temperature, ctx.shared = head, temperature, shared
         x = head(h)  # [C, V], under the caller's autocast; the head's hooks see the chunk
         x = x.to(torch.promote_types(x.dtype, torch.float32))
         if temperature != 1.0:
@@ -236,11 +246,17 @@ class LinearHeadLogProb(torch.autograd.Function):
         if ctx.temperature != 1.0:
             dx.div_(ctx.temperature)
         dlogits = dx.to(logits.dtype)  # the cast's backward
-        h_c, w_c = h.to(logits.dtype), ctx.head.weight.to(logits.dtype)  # the matmul's operands, as autocast cast them
+        shared = ctx.shared  # the chunks of one call cast the weight once in backward, freed after the last of them
+        if shared["weight"] is None:
+            shared["weight"] = ctx.head.weight.to(logits.dtype)
+        shared["left"] -= 1
+        h_c, w_c = h.to(logits.dtype), shared["weight"]  # the matmul's operands, as autocast cast them
+        if shared["left"] == 0:
+            shared["weight"] = None
         dh = dlogits.mm(w_c).to(h.dtype) if ctx.needs_input_grad[0] else None
         dw = dlogits.t().mm(h_c) if ctx.needs_input_grad[1] else None  # as autograd's mm_mat2_backward
         db = dlogits.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dh, dw, db, None, None, None
+        return dh, dw, db, None, None, None, None
 
 
 def autocast_params(head: torch.nn.Linear, device: str) -> tuple[Tensor, Tensor | None]:
