@@ -82,12 +82,14 @@ KIND_NAMES = {"amx": "AMX", "avx512_bf16": "AVX512-BF16", "avx2": "AVX2 only"}
 
 def machine_kind() -> dict[str, Any]:
     """``mempo.core.hardware.cpu_kind`` (avx512_bf16 | avx2) and ``rate_kind`` (amx | avx512_bf16 | avx2, which names
-    the machine: ``label``), the flags, the CPU model and its cores."""
-    from mempo.core.hardware import cpu_kind, cpuinfo, rate_kind
+    the machine: ``label``; an AMX CPU with oneDNN capped below AMX is labelled "AVX512-BF16 (AMX capped)"), the
+    flags, the CPU model and its cores."""
+    from mempo.core.hardware import cpu_kind, cpuinfo, onednn_allows_amx, rate_kind
 
     line = next((x for x in cpuinfo().splitlines() if x.startswith("model name")), "model name:")
     rates = rate_kind()
-    return {"cpu_kind": cpu_kind(), "rate_kind": rates, "flags": cpu_flags(), "label": KIND_NAMES[rates],
+    label = KIND_NAMES[rates] + ("" if onednn_allows_amx() or not cpu_flags()["amx_tile"] else " (AMX capped)")
+    return {"cpu_kind": cpu_kind(), "rate_kind": rates, "flags": cpu_flags(), "label": label,
             "cpu": line.split(":", 1)[1].strip(), "cores": os.cpu_count()}  # fmt: skip
 
 

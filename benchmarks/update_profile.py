@@ -35,10 +35,11 @@ from benchmarks.common import RESULTS, ROOT, log, write_json
 from benchmarks.rl_throughput import machine_kind, resolve_warm_start, run_side
 from mempo.models.profiling import markdown
 
-SETTINGS = {
-    "bf16_compiled": ["optim.compile_update=true"],
-    "bf16_eager": ["optim.compile_update=false"],
+SETTINGS = {  # each names its precision: trainer.precision=auto is float32 on CPUs without AMX (and under --isa)
+    "bf16_compiled": ["trainer.precision=bf16-mixed", "optim.compile_update=true"],
+    "bf16_eager": ["trainer.precision=bf16-mixed", "optim.compile_update=false"],
     "float32_eager": ["trainer.precision=32-true", "optim.compile_update=false"],
+    "float32_compiled": ["trainer.precision=32-true", "optim.compile_update=true"],
 }
 COMMON = [
     "+exp=grpo_cpu_fast",

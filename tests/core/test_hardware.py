@@ -55,4 +55,31 @@ def test_the_rate_kind_tells_amx_apart_while_the_cpu_kind_decides_bf16(monkeypat
     import mempo.core.hardware as hardware
 
     monkeypatch.setattr(hardware, "cpuinfo", lambda: f"processor\t: 0\nflags\t\t: {flags}\n")
+    for var in hardware.ONEDNN_ISA_VARS:
+        monkeypatch.delenv(var, raising=False)
     assert (hardware.cpu_kind(), hardware.rate_kind()) == (kind, rates)
+
+
+@pytest.mark.parametrize(
+    ("var", "isa", "amx"),
+    [
+        (None, None, True),
+        ("ONEDNN_MAX_CPU_ISA", "ALL", True),
+        ("ONEDNN_MAX_CPU_ISA", "avx512_core_amx", True),  # oneDNN reads the name in any case
+        ("ONEDNN_MAX_CPU_ISA", "AVX10_1_512_AMX_FP16", True),
+        ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", False),
+        ("ONEDNN_MAX_CPU_ISA", "AVX2", False),
+        ("DNNL_MAX_CPU_ISA", "AVX512_CORE_BF16", False),  # the older name
+    ],
+)
+def test_a_onednn_cap_below_amx_makes_an_amx_cpu_rate_as_one_without(monkeypatch, var, isa, amx) -> None:
+    import mempo.core.hardware as hardware
+
+    flags = "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: f"processor\t: 0\nflags\t\t: {flags}\n")
+    for v in hardware.ONEDNN_ISA_VARS:
+        monkeypatch.delenv(v, raising=False)
+    if var:
+        monkeypatch.setenv(var, isa)
+    assert hardware.has_amx() is amx
+    assert hardware.rate_kind() == ("amx" if amx else "avx512_bf16")

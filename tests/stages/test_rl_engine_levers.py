@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+import mempo.core.hardware as hardware
 import mempo.rollout.vllm_sampler as vllm_sampler
 from mempo.core.hardware import cpu_has_bf16, rate_kind
 from mempo.rollout.sampler import COMPILE_MIN_STEPS, SamplerConfig
 from mempo.stages.builders import build_optim_config, build_sampler, group, sampler_dtype, speed_settings_line
-from mempo.stages.config import compose_config
+from mempo.stages.config import compose_config, resolve_precision
 
 
 @pytest.fixture
@@ -33,21 +34,52 @@ def test_the_defaults_are_todays_engine(engine_kwargs: list[dict[str, Any]]) -> 
     assert group(cfg, "sampler").canary_tolerance("float32") == 1e-3
 
 
+def as_cpu(monkeypatch: pytest.MonkeyPatch, flags: str, isa: str | None = None) -> None:
+    """Make this process read a CPU with these /proc/cpuinfo ``flags`` (and oneDNN capped at ``isa``)."""
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: f"processor\t: 0\nflags\t\t: {flags}\n")
+    for var in hardware.ONEDNN_ISA_VARS:
+        monkeypatch.delenv(var, raising=False)
+    if isa is not None:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+
+
+SAPPHIRE_RAPIDS = "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8"
+ZEN4 = "fpu avx2 avx512f avx512_bf16"
+AVX2_ONLY = "fpu avx2 fma"
+
+
 @pytest.mark.parametrize(
-    ("precision", "dtype", "old_logp"),
-    [("bf16-mixed", "bfloat16", "recompute"), ("32-true", "float32", "sampler")],
+    ("flags", "isa", "precision", "engine"),
+    [
+        (SAPPHIRE_RAPIDS, None, "bf16-mixed", "bfloat16"),
+        (SAPPHIRE_RAPIDS, "AVX512_CORE_AMX", "bf16-mixed", "bfloat16"),
+        (SAPPHIRE_RAPIDS, "AVX512_CORE_BF16", "32-true", "bfloat16"),  # oneDNN capped below AMX: as a Zen 4
+        (ZEN4, None, "32-true", "bfloat16"),  # a float32 update beside a bf16 engine
+        (AVX2_ONLY, None, "32-true", "float32"),
+    ],
 )
-def test_dtype_auto_follows_the_trainers_precision(engine_kwargs, precision, dtype, old_logp) -> None:
+def test_precision_and_engine_dtype_auto_per_cpu_kind(monkeypatch, flags, isa, precision, engine) -> None:
+    """trainer.precision=auto: bf16 only where bf16 matmuls run on AMX; sampler.dtype=auto: bf16 wherever the CPU has
+    native bf16, whatever the trainer's precision."""
+    as_cpu(monkeypatch, flags, isa)
+    assert resolve_precision("auto", "cpu") == precision
+    cfg = compose_config("sampler.dtype=auto", "+exp=grpo_cpu_fast")
+    assert sampler_dtype(cfg) == engine
+    optim = build_optim_config(cfg)  # a bf16 engine's log-probs are recomputed, and then the update is compiled
+    assert (optim.old_logp, optim.compile_update) == (
+        ("recompute", True) if engine == "bfloat16" else ("sampler", False)
+    )
+    assert f"in {precision} (trainer.precision=auto)" in speed_settings_line(cfg)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_dtype_auto_does_not_follow_an_explicit_precision(engine_kwargs, precision) -> None:
     cfg = compose_config("sampler.dtype=auto", f"trainer.precision={precision}")
+    dtype = "bfloat16" if cpu_has_bf16() else "float32"
     assert sampler_dtype(cfg) == dtype
-    assert build_optim_config(cfg).old_logp == old_logp  # a bf16 engine's log-probs are recomputed by the trainer
+    assert build_optim_config(cfg).old_logp == ("recompute" if dtype == "bfloat16" else "sampler")
     build_sampler(cfg, "some/folder")
     assert engine_kwargs[-1]["dtype"] == dtype
-
-
-def test_dtype_auto_on_this_machine() -> None:
-    """trainer.precision=auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX), float32 on AVX2-only CPUs."""
-    assert sampler_dtype(compose_config("sampler.dtype=auto")) == ("bfloat16" if cpu_has_bf16() else "float32")
 
 
 def test_an_explicit_dtype_and_old_logp_stand() -> None:
@@ -100,13 +132,14 @@ def test_bad_values_are_errors_naming_the_key(override: str, key: str) -> None:
         compose_config(override)
 
 
-def test_the_memory_plan_reads_dtype_auto_as_the_trainers_precision() -> None:
+def test_the_memory_plan_reads_dtype_auto_as_the_targets_native_bf16() -> None:
     from mempo.capacity.gpu_memory import model_shape, plan_inputs
 
     shape = model_shape("tiny")  # the plan's inputs do not depend on the model's size
-    cfg = compose_config("+exp=mempo", "sampler.dtype=auto")
-    assert plan_inputs(cfg, shape).engine.dtype_bytes == 2  # a GPU trains in bf16
-    cfg = compose_config("+exp=mempo", "sampler.dtype=auto", "trainer.precision=32-true")
+    for precision in ("auto", "32-true"):  # a GPU's engine runs in bf16 whatever the trainer's precision
+        cfg = compose_config("+exp=mempo", "sampler.dtype=auto", f"trainer.precision={precision}")
+        assert plan_inputs(cfg, shape).engine.dtype_bytes == 2
+    cfg = compose_config("+exp=mempo", "sampler.dtype=float32", "trainer.precision=bf16-mixed")
     assert plan_inputs(cfg, shape).engine.dtype_bytes == 4
 
 
@@ -121,7 +154,7 @@ def test_the_memory_plan_reads_dtype_auto_as_the_trainers_precision() -> None:
 def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...], expected: str) -> None:
     line = speed_settings_line(compose_config(*overrides))
     assert expected in line
-    bf16_engine = "auto" in expected and cpu_has_bf16()  # auto: a bf16 engine where the trainer runs in bf16
+    bf16_engine = "auto" in expected and cpu_has_bf16()  # auto: a bf16 engine where the CPU has native bf16
     assert line.startswith("engine bfloat16" if bf16_engine else "engine float32")
     assert ("update compiled" in line) == bf16_engine  # compile_update=auto follows the recomputed old log-probs
     assert line.endswith(f"on a CPU of kind {rate_kind()}")
