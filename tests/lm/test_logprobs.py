@@ -196,7 +196,7 @@ def test_the_fused_head_backward_is_the_checkpointed_one_bit_for_bit(autocast, t
         h = h0.clone().requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if fused:
-                logp, _ = head_logprobs(head, h, y, chunk_size=16, temperature=temperature)
+                logp, _ = head_logprobs(head, h, y, chunk_size=16, temperature=temperature, fused=True)
             else:
                 logp = checkpointed_head_logprobs(head, h, y, temperature, chunk=16)
             (weights * logp).sum().backward()
