@@ -156,9 +156,11 @@ def head_logprobs(
     is checkpointed, so forward and backward hold one [chunk_size, V] block of logits at a time, never [M, V].
     With ``fused`` (off by default), log-probs alone of a plain ``nn.Linear`` head take ``LinearHeadLogProb``'s
     hand-written backward instead of the checkpoint's: fewer passes over the [C, V] logits (``python -m
-    benchmarks.head_logprobs``). Off because the main job's warm start trained to other weights with it (SFT losses
-    from step 2 on, held-out EM 0.648 against 0.695), although the gradients of single batches are equal bit for bit
-    (``tests/lm/test_logprobs.py``): the cause is not found yet.
+    benchmarks.head_logprobs``). Off until the main job is re-run with it: its first version trained the main job's warm
+    start to other weights (held-out EM 0.648 against 0.695), because it cast a trained head's weight once for all
+    chunks, as autocast with its cache does, where Lightning's autocast runs without the cache (a cast per chunk,
+    gradients summed in float32); it now casts as the ambient autocast does (``tests/lm/test_logprobs.py`` covers
+    both).
     """
 
     def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,13 +177,20 @@ def head_logprobs(
 
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     fused = fused and recompute and not with_entropy and type(head) is torch.nn.Linear  # not LoRA- or FSDP-wrapped
-    if fused:
-        weight, bias = autocast_params(head, hidden.device.type)
-        shared = {"weight": None, "left": -(-hidden.shape[0] // chunk_size)}  # one cast for every chunk's backward
+    device = hidden.device.type
+    # Autocast with its cache (torch's default) casts the weight once for every chunk, so their gradients add up in
+    # bf16 before the cast's backward; without it (Lightning's autocast: cache_enabled=False) each chunk casts its own
+    # and the gradients add up in float32. The fused path casts as autocast would, so both stay bit for bit.
+    once = fused and torch.is_autocast_cache_enabled()
+    if once:
+        weight, bias = autocast_params(head, device)
+    shared = {"weight": None, "left": -(-hidden.shape[0] // chunk_size)}  # one cast for every chunk's backward
     logp_parts, ent_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if fused:
+            if not once:
+                weight, bias = autocast_params(head, device)
             lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head, shared)
             logp_parts.append(lp)
             ent_parts.append(torch.zeros_like(lp))

@@ -180,7 +180,7 @@ def checkpointed_head_logprobs(head: torch.nn.Linear, h: Tensor, y: Tensor, temp
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("autocast", [False, "cached", "uncached"])  # uncached: Lightning's (cache_enabled=False)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize(("head_trains", "bias"), [(False, False), (True, False), (True, True)])
 def test_the_fused_head_backward_is_the_checkpointed_one_bit_for_bit(autocast, temperature, head_trains, bias) -> None:
@@ -194,7 +194,7 @@ def test_the_fused_head_backward_is_the_checkpointed_one_bit_for_bit(autocast, t
     for fused in (True, False):
         head.zero_grad()
         h = h0.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(autocast), cache_enabled=autocast == "cached"):
             if fused:
                 logp, _ = head_logprobs(head, h, y, chunk_size=16, temperature=temperature, fused=True)
             else:
