@@ -89,10 +89,14 @@ def test_engine_logprobs_as_old_ones_log_no_gap(make_cfg, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_float32_engine_switches_on_auto_are_bit_identical_to_off(make_cfg, tmp_path: Path) -> None:
-    """vLLM in float32: ``sampler.dtype=auto`` under a float32 trainer, ``sampler.enforce_eager=auto`` on a 2-step run
-    and ``sampler.canary_tol=null`` resolve to today's engine and tolerance; two steps give bit-identical weights and
-    the same figures as the switches set off by hand."""
+def test_float32_engine_switches_on_auto_are_bit_identical_to_off(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """vLLM in float32: ``sampler.dtype=auto`` on a CPU without native bf16 (made so here: the engine's dtype follows
+    the machine, not the trainer), ``sampler.enforce_eager=auto`` on a 2-step run and ``sampler.canary_tol=null``
+    resolve to today's engine and tolerance; two steps give bit-identical weights and the same figures as the
+    switches set off by hand."""
+    import mempo.stages.config as config
+
+    monkeypatch.setattr(config, "cpu_has_bf16", lambda: False)
     common = [*RUN, "sampler=vllm", "sampler.kv_cache_space_gb=1", "trainer.precision=32-true"]
     runs = {
         "auto": ["sampler.dtype=auto", "sampler.enforce_eager=auto", "sampler.canary_tol=null"],
