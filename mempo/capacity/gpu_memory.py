@@ -92,7 +92,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mempo.core.base import require
-from mempo.core.hardware import cpu_has_bf16, rate_kind
+from mempo.core.hardware import cpu_has_bf16, cpu_precision
 from mempo.data.datamodule import per_rank_batch, tasks_per_step_line
 from mempo.lm.loading import SMOLLM2, TINY, cache_root, tiny_config
 from mempo.lm.logprobs import token_logprobs
@@ -355,9 +355,8 @@ def plan_inputs(cfg: DictConfig, shape: ModelShape) -> PlanInputs:
     on_gpu = t.accelerator in ("gpu", "cuda", "auto")
     precision = t.precision
     if precision == "auto":
-        # The plan is for the target machine: "auto" is bf16-mixed on any GPU, whatever this machine has (on CPU, as
-        # mempo.stages.config.resolve_precision: bf16-mixed where bf16 matmuls run on AMX).
-        precision = "bf16-mixed" if on_gpu or rate_kind() == "amx" else "32-true"
+        # The plan is for the target machine: "auto" is bf16-mixed on any GPU, whatever this machine has.
+        precision = "bf16-mixed" if on_gpu else cpu_precision()
     if precision not in PRECISIONS:
         raise ValueError(f"config key trainer.precision={precision!r}: the memory plan models {list(PRECISIONS)}")
     sharded = STRATEGIES[t.strategy]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mempo.eval.report import RECORD_KEY, read_records, record_keys
+from mempo.eval.report import RECORD_KEY, read_records, record_keys, results_file
 from mempo.eval.stats import seed_task_t_interval, t_quantile
 from mempo.eval.tables import pyplot, refuse_repeats, save_figure
 
@@ -164,11 +164,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         label, sep, folder = item.partition("=")
         if not sep or not label or not folder:
             raise SystemExit(f"{item!r}: expected LABEL=FOLDER")
-        path = Path(folder)
-        path = path / "eval" if (path / "eval" / "results.jsonl").is_file() else path
-        if not (path / "results.jsonl").is_file():
-            raise SystemExit(f"{label}: no results.jsonl in {folder} or {folder}/eval")
-        evals[label] = read_records(path / "results.jsonl")
+        try:
+            evals[label] = read_records(results_file(Path(folder)))
+        except ValueError as e:
+            raise SystemExit(f"{label}: {e}") from None
     seeds, steps, tasks, x = curve_tensor(evals, metric=args.metric, objectives=args.objectives)
     rows = curve_rows(seeds, steps, x)
     print(curve_markdown(seeds, rows, tasks=len(tasks), metric=args.metric))

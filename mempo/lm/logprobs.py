@@ -212,9 +212,10 @@ class LinearHeadLogProb(torch.autograd.Function):
     logsumexp, the temperature's division, the float32 cast and the linear, op for op in the same dtypes; without
     re-running the log-softmax's passes over the [C, V] logits or building a graph for them:
     d x = g * onehot(y) - g * exp(x - logsumexp(x)). ``weight`` and ``bias`` are the head's parameters as its matmul
-    sees them (under autocast: cast once for every chunk, ``autocast_params``, as autocast's cache of a parameter's
-    cast does, so the chunks' gradients add up in the same dtype); they take the gradients and are not saved
-    (backward casts the head's own again, as the checkpoint's recompute did: no [V, H] copy lives until backward).
+    sees them (under autocast, ``autocast_params``: cast once for every chunk where autocast caches its casts, once
+    per chunk where it does not, so the chunks' gradients add up in the dtype they would); they take the gradients
+    and are not saved (backward casts the head's own again, as the checkpoint's recompute did: no [V, H] copy lives
+    until backward).
     ``tests/lm/test_logprobs.py`` checks the log-probs and gradients equal the checkpointed path's bit for bit."""
 
     @staticmethod

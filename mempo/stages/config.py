@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.capacity.gpu_memory import PlanConfig
 from mempo.core.base import one_of, require
 from mempo.core.format import Tags
-from mempo.core.hardware import cpu_has_bf16, rate_kind
+from mempo.core.hardware import cpu_has_bf16, cpu_precision
 from mempo.data.datamodule import DataConfig
 from mempo.eval.compare import EvalConfig
 from mempo.lm.loading import ModelConfig, check_model_path
@@ -537,15 +537,13 @@ def on_gpu(accelerator: str) -> bool:
 
 def resolve_precision(precision: str, accelerator: str) -> str:
     """``trainer.precision=auto``: bf16-mixed on GPUs and on CPUs whose bf16 matmuls run on AMX tiles
-    (``rate_kind() == "amx"``), else 32-true. Without AMX a bf16 update is slower than a float32 one: 1.3-1.7x over
+    (``cpu_precision``), else 32-true. Without AMX a bf16 update is slower than a float32 one: 1.3-1.7x over
     the same RL step with oneDNN capped below AMX (its bf16 matmuls 1.4-1.5x the float32 ones' time, plus autocast's
     casts; docs/performance.md, "Where the update's time goes"), and AVX2-only CPUs have no bf16 kernels at all. Any
     other value is returned as given."""
     if precision != "auto":
         return precision
-    if on_gpu(accelerator):
-        return "bf16-mixed"
-    return "bf16-mixed" if rate_kind() == "amx" else "32-true"
+    return "bf16-mixed" if on_gpu(accelerator) else cpu_precision()
 
 
 def native_bf16(accelerator: str) -> bool:
