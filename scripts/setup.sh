@@ -5,6 +5,7 @@
 #   MEMPO_EXTRA=cuda first checks the NVIDIA driver (torch 2.14 and vLLM 0.33 are CUDA 13 builds: driver >= 580) and
 #   stops before installing anything on an older one or none (scripts/driver_check.sh); MEMPO_SKIP_DRIVER_CHECK=1
 #   skips that check, MEMPO_NVIDIA_SMI=<command> reads the version with another command than nvidia-smi
+#   A new environment first checks the free space where it goes (scripts/disk_check.sh; MEMPO_SKIP_DISK_CHECK=1 skips)
 #   MEMPO_BENCH=1 adds the ``bench`` extra (TRL, for benchmarks/trl_compare.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,11 @@ fi
 if [ "$EXTRA" = "cuda" ]; then
   . scripts/driver_check.sh
   mempo_check_nvidia_driver || exit 1
+fi
+if [ ! -x "$PY" ]; then
+  # A new environment: 3.9 GB measured for cpu; cuda's (CUDA torch and vLLM builds) is not measured, taken as 3x.
+  . scripts/disk_check.sh
+  mempo_check_disk "$VENV" "$([ "$EXTRA" = "cuda" ] && echo 15000 || echo 5000)" || exit 1
 fi
 echo "setup: creating $VENV ($EXTRAS)"
 [ -x "$PY" ] || python3 -m venv "$VENV"
