@@ -10,6 +10,7 @@ and names the full config key. (``mempo.losses`` keeps its own messages: it impo
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import time
@@ -53,9 +54,10 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]], columns: list[str]) ->
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) of every non-blank line of a JSONL file, read as it streams; a line that is not a
-    JSON object raises a ValueError naming the file and the line."""
-    with path.open(encoding="utf-8") as f:
+    """(line number, object) of every non-blank line of a JSONL file (gzip'd where its name ends in .gz), read as it
+    streams; a line that is not a JSON object raises a ValueError naming the file and the line."""
+    path = Path(path)
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -263,10 +263,11 @@ def plot(records: Sequence[Mapping[str, Any]], path: str | Path) -> None:
 
 
 def find_credit_file(run_dir: Path) -> Path:
-    for cand in (run_dir / CREDIT_FILE, run_dir / "rl" / CREDIT_FILE):
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(f"no {CREDIT_FILE} in {run_dir} or {run_dir / 'rl'} (an RL run that scores memories)")
+    for folder in (run_dir, run_dir / "rl"):
+        for cand in (folder / CREDIT_FILE, folder / f"{CREDIT_FILE}.gz"):  # .gz: as a study's ledger keeps it
+            if cand.is_file():
+                return cand
+    raise FileNotFoundError(f"no {CREDIT_FILE}(.gz) in {run_dir} or {run_dir / 'rl'} (an RL run that scores memories)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -258,6 +258,10 @@ class StudyConfig:
     seeds: the RL seeds of every arm (K = their number), fixed before the study runs; arms pair by seed.
     memory_scores: score every evaluated memory by P(gold | question, memory) under the warm start, one fixed scorer
       for all arms (``mempo.eval.memory_scores``: memory_scores.csv/.md/.png and study.json's "memory_scores").
+    ledger: a folder that keeps each checkpoint's evaluation and each run's small outputs beyond the run folders
+      (``mempo.stages.ledger``): each arm-seed is evaluated as soon as it has trained, and a study run again with the
+      same ledger (on another machine, or after its run folders were lost) trains and evaluates only what it lacks;
+      null = none (one evaluation after every run, as before).
     """
 
     warm_start: str | None = None
@@ -268,6 +272,7 @@ class StudyConfig:
     also_reference: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     memory_scores: bool = True
+    ledger: str | None = None
 
     @property
     def run_arms(self) -> list[str]:

@@ -55,7 +55,7 @@ from mempo.eval.memory_scores import (
     score_study,
     task_means,
 )
-from mempo.eval.report import read_records
+from mempo.eval.report import read_records, write_report
 from mempo.eval.seeds import (
     PER_TASK_COLUMNS,
     per_task_rows,
@@ -71,6 +71,7 @@ from mempo.losses import scores_memories
 from mempo.stages.builders import build_builder, group, run_path
 from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.evaluate import run_eval
+from mempo.stages.ledger import EVAL_FILE, RUN_CONFIG, entry_result, merged, read_entry, write_entry
 from mempo.stages.reuse import check_reuse, flatten
 from mempo.stages.rundir import finished, held_outputs, run_record
 from mempo.stages.steps import (
@@ -209,9 +210,9 @@ def rl_rollout_s(c: DictConfig, kind: str) -> float:
 
 
 def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], kind: str) -> dict[str, float]:
-    """The study's expected wall time on a 2-core CPU of ``kind`` (``DEMO_RATES``), for what is not done yet:
-    {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's), "eval", "memory_scores",
-    "total"}."""
+    """The study's expected wall time on a 2-core CPU of ``kind`` (``DEMO_RATES``), for what is not done yet (nor
+    held in study.ledger): {"warm_start", "runs" (every arm-seed still to train), "per_run" (the first arm's),
+    "eval", "memory_scores", "total"}."""
     r = DEMO_RATES[kind]
     ws = 0.0  # each warm start to train (a ReAct arm's full-history one at the memory one's rate: not measured)
     teacher_objectives = cfg.sft.num_tasks * sum(cfg.sft.objectives or [cfg.data.objectives])
@@ -222,11 +223,14 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     def one(c: DictConfig) -> float:
         return r["startup"] + c.trainer.max_steps * c.data.batch_size * c.data.group_size * rl_rollout_s(c, kind)
 
-    todo = [one(c) for c in runs.values() if not finished(Path(c.run_dir))]
+    ledger = Path(cfg.study.ledger) if cfg.study.ledger and not cfg.overwrite else None
+    held = {f"{a}_s{s}" for a, s in runs if ledger is not None and (ledger / f"{a}_s{s}" / EVAL_FILE).is_file()}
+    todo = [one(c) for (a, s), c in runs.items() if not finished(Path(c.run_dir)) and f"{a}_s{s}" not in held]
     per_objective = FLOAT32_EVAL_S[kind] if cfg.eval.engine_dtype == "float32" else r["eval_objective"]
     folders = study_checkpoints(cfg, runs)
-    ready = {label: f for label, f in folders.items() if (f / "config.json").is_file()}
-    kept = len(comparable_checkpoints(cfg, ready, run_path(cfg) / "eval")) if ready else 0
+    held |= {label for label in folders if ledger is not None and (ledger / label / EVAL_FILE).is_file()}
+    ready = {label: f for label, f in folders.items() if (f / "config.json").is_file() and label not in held}
+    kept = len(held) + (len(comparable_checkpoints(cfg, ready, run_path(cfg) / "eval")) if ready else 0)
     ev = (len(folders) - kept) * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
     scores = 0.0
     if cfg.study.memory_scores:  # every checkpoint's memories, scored again on every run of the study
@@ -246,7 +250,7 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
     t = expected_seconds(cfg, runs, kind)
     what = KIND_LABELS[kind]
     k, arms = len(cfg.study.seeds), len(run_arms(cfg))
-    kept = f" ({t['kept']} kept from an earlier evaluation)" if t["kept"] else ""
+    kept = f" ({t['kept']} kept from an earlier evaluation or the ledger)" if t["kept"] else ""
     say(
         f"[mempo] study: {arms} arms x {k} seeds x {cfg.trainer.max_steps} RL steps; expected about "
         f"{t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start ~{t['warm_start'] / 60:.0f}, "
@@ -254,9 +258,6 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
         f"{t['checkpoints'] - t['kept']} checkpoints ~{t['eval'] / 60:.0f}{kept}, memory scores "
         f"~{t['memory_scores'] / 60:.0f} min (more with fewer cores)"
     )
-
-
-RUN_CONFIG = "study_run.yaml"
 
 
 def write_run_config(sub: DictConfig) -> Path:
@@ -445,6 +446,73 @@ def evaluate_in_turn(
     return ev, status
 
 
+def grid_of(ev: dict[str, Any], labels: list[str]) -> GridResult:
+    """An evaluation's result (``run_eval``'s dict) as a ``GridResult`` of ``labels`` only, its records read from
+    its results.jsonl."""
+    records = read_records(Path(ev["files"]["results"]))
+    return GridResult(ev["rows"], records, [], ev.get("failures", []), ev.get("source_rows", [])).only(labels)
+
+
+def warm_starts_in_ledger(cfg: DictConfig, folders: dict[str, Path]) -> dict[str, GridResult]:
+    """The warm starts' evaluations study.ledger holds, label -> result, each only when the warm start here has the
+    weights it evaluated and the study's evaluation config is the one it ran under (``entry_result``)."""
+    held = {}
+    for label in (WARM_LABELS[a] for a in warm_agents(cfg)):
+        entry = read_entry(Path(cfg.study.ledger), label)
+        if entry is not None:
+            held[label] = entry_result(label, entry, cfg, weights=base_fingerprint(folders[label]))
+    return held
+
+
+def arm_seed_in_ledger(cfg: DictConfig, sub: DictConfig, label: str, key: str, entry: dict[str, Any]) -> GridResult:
+    """An arm-seed's evaluation from study.ledger, in place of training and evaluating it: only when the copies of
+    its run's config there pass ``check_reuse`` under ``sub`` (the config it would train now, from this warm start)
+    and the study's evaluation config is the one it ran under; else a ``ReuseError`` naming what differs."""
+    folder = Path(cfg.study.ledger) / key
+    notes = check_reuse(label, folder, sub, stage="rl", names=(RUN_CONFIG, "config.yaml"))
+    result = entry_result(key, entry, cfg)
+    also = f"; {'; '.join(notes)}" if notes else ""
+    say(f"[mempo] {label}: from the ledger {folder} (trained with the same config from the same warm start, "
+        f"evaluated {entry.get('written', '?')}{also}): not trained or evaluated here")  # fmt: skip
+    return result
+
+
+def into_ledger(cfg: DictConfig, folders: dict[str, Path], out: Path, agents: dict[str, str]) -> None:
+    """Evaluate ``folders`` (``evaluate_in_turn``: those evaluated before in ``out`` are kept) and write each into
+    study.ledger (``write_entry``) with the fingerprint of its weights and its run folder's small files."""
+    ev, _ = evaluate_in_turn(cfg, folders, out, {k: a for k, a in agents.items() if k in folders})
+    grid = grid_of(ev, list(folders))
+    for label, folder in folders.items():
+        write_entry(Path(cfg.study.ledger), label, cfg, weights=base_fingerprint(folder), result=grid,
+                    run_folder=folder.parent)  # fmt: skip
+
+
+def evaluate_with_ledger(
+    cfg: DictConfig, folders: dict[str, Path], held: dict[str, GridResult], out: Path, agents: dict[str, str]
+) -> tuple[dict[str, Any], str]:
+    """The study's evaluation of ``folders`` (``evaluate_in_turn``) less those ``held`` from study.ledger, whose
+    results join it: the evaluation's report in ``out`` is then written again over all of them, in the order of
+    ``folders`` -> (the result, its status)."""
+    live = {k: f for k, f in folders.items() if k not in held}
+    if live:
+        ev, status = evaluate_in_turn(cfg, live, out, {k: a for k, a in agents.items() if k in live})
+        if cfg.study.ledger:
+            for label, folder in live.items():  # those evaluated now but not yet in it (the warm starts)
+                if read_entry(Path(cfg.study.ledger), label) is None:
+                    write_entry(Path(cfg.study.ledger), label, cfg, weights=base_fingerprint(folder),
+                                result=grid_of(ev, [label]), run_folder=folder.parent)  # fmt: skip
+        if not held:
+            return ev, status
+        parts = [grid_of(ev, list(live))]
+    else:
+        parts, status = [], "none evaluated here"
+    total = merged([*parts, *held.values()], list(folders))
+    files = write_report(out, total, num_tasks=max(r["tasks"] for r in total.rows), memories_scored=False)
+    result = {"rows": total.rows, "out": str(out), "files": {k: str(v) for k, v in files.items()},
+              "failures": total.failures, "source_rows": total.source_rows}  # fmt: skip
+    return result, f"{status}; {', '.join(held)} from the ledger"
+
+
 def horizon_report(
     cfg: DictConfig, records: list[dict[str, Any]], arms: dict[str, dict[int, str]], agents: dict[str, str]
 ) -> dict[str, Any]:
@@ -469,6 +537,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
     say_expected_time(cfg, runs)
     phases: dict[str, float] = {}
     status: dict[str, str] = {}
+    ledger = Path(cfg.study.ledger) if cfg.study.ledger else None
     for agent in warm_agents(cfg):  # the memory agent's warm start, and a ReAct arm's (full-history prompts)
         label = WARM_LABELS[agent]
         status[label] = "given"
@@ -477,19 +546,31 @@ def study(cfg: DictConfig) -> dict[str, Any]:
             keys = {"name": f"{cfg.name}-{label}", "agent.context": agent}
             done = run_steps(cfg, [Step(label, "sft", title, keys, reuse=True)])
             status[label], phases[f"{label}_s"] = done[label]["status"], done[label]["seconds"]
+    folders, agents = study_checkpoints(cfg, runs), label_agents(cfg, runs)
+    held = warm_starts_in_ledger(cfg, folders) if ledger is not None and not cfg.overwrite else {}
+    if ledger is not None:  # the warm starts evaluated first: the arm-seeds' hours come after they are kept
+        warm = [WARM_LABELS[a] for a in warm_agents(cfg) if WARM_LABELS[a] not in held]
+        if warm:
+            into_ledger(cfg, {k: folders[k] for k in warm}, out / "eval", agents)
     for i, ((arm, seed), sub) in enumerate(runs.items(), start=1):
-        t = time.perf_counter()
+        t, key = time.perf_counter(), f"{arm}_s{seed}"
         label = f"arm-seed {i}/{len(runs)}: {arm} seed {seed}"
-        status[f"{arm}_s{seed}"] = run_arm_seed(cfg, sub, label)
-        phases[f"{arm}_s{seed}_s"] = time.perf_counter() - t
+        entry = read_entry(ledger, key) if ledger is not None and not cfg.overwrite else None
+        if entry is not None:
+            held[key], status[key] = arm_seed_in_ledger(cfg, sub, label, key, entry), "ledger"
+            continue
+        status[key] = run_arm_seed(cfg, sub, label)
+        if ledger is not None:  # evaluated now, so a study stopped at its next run keeps this one's results
+            done = list(folders)[: list(folders).index(key) + 1]
+            into_ledger(cfg, {k: folders[k] for k in done if k not in held}, out / "eval", agents)
+        phases[f"{key}_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    folders = study_checkpoints(cfg, runs)
     n_list = list(cfg.eval.objectives)
     say(f"[mempo] study: evaluating {len(folders)} checkpoints on the same {cfg.eval.num_tasks} held-out tasks per "
-        f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})")  # fmt: skip
-    agents = label_agents(cfg, runs)
-    ev, status["eval"] = evaluate_in_turn(cfg, folders, out / "eval", agents)
+        f"N = {n_list} (engine: eval.engine_dtype={cfg.eval.engine_dtype})"
+        + (f"; {len(held)} of them from the ledger {ledger}" if held else ""))  # fmt: skip
+    ev, status["eval"] = evaluate_with_ledger(cfg, folders, held, out / "eval", agents)
     records = read_records(Path(ev["files"]["results"]))
     arms = {arm: {s: f"{arm}_s{s}" for s in cfg.study.seeds} for arm in run_arms(cfg)}
     own_warm = {arm: WARM_LABELS[arm_agent(cfg, arm)] for arm in arms if arm_agent(cfg, arm) != "memory"}
@@ -537,6 +618,7 @@ def study(cfg: DictConfig) -> dict[str, Any]:
         **({"react_warm_start": str(warm_start_folder(cfg, "full_history"))} if own_warm else {}),
         "eval_tasks": cfg.eval.num_tasks,
         "engine_dtype": cfg.eval.engine_dtype,
+        **({"ledger": str(ledger)} if ledger is not None else {}),
     }
     result = {"stage": "study", "design": design, **report, "behaviour": behaviour, "horizon": horizon,
               "status": status, "phases": phases}  # fmt: skip
