@@ -32,10 +32,10 @@ from mempo.stages.config import DEMO_OWN_KEYS, exp_delta, require_eval_task_coun
 from mempo.stages.rundir import run_record
 from mempo.stages.steps import (
     DEMO_RATES,
-    KIND_LABELS,
     Step,
     command_line_keys,
     folders_arg,
+    kind_label,
     run_steps,
     stage,
     with_overrides,
@@ -68,7 +68,7 @@ def say_expected_time(cfg: DictConfig) -> None:
         return
     kind = rate_kind()
     t = expected_seconds(cfg, kind)
-    what = KIND_LABELS[kind]
+    what = kind_label(kind, cfg)
     say(
         f"[mempo] demo: expected about {t['total'] / 60:.0f} min on a 2-core CPU like this one ({what}): warm start "
         f"~{t['sft'] / 60:.0f}, RL ~{t['rl'] / 60:.0f}, evaluation ~{t['eval'] / 60:.0f} min (more with fewer cores)"

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from mempo.core.console import say
 from mempo.core.hardware import release_free_memory
 from mempo.stages.builders import run_path
-from mempo.stages.config import validate_config
+from mempo.stages.config import resolve_precision, validate_config
 from mempo.stages.reuse import check_reuse
 from mempo.stages.rundir import finished
 
@@ -145,9 +145,13 @@ DEMO_RATES: dict[str, dict[str, float]] = {
     },
     "avx2": {"sft_objective": 5.1, "rl_rollout": 13.0, "val_objective": 2.5, "eval_objective": 2.5, "startup": 40.0},
 }
-# How the console names each kind, and what it trains in there.
-KIND_LABELS = {
-    "amx": "AMX: trains in bf16",
-    "avx512_bf16": "AVX512-BF16 without AMX: trains in bf16",
-    "avx2": "no AVX512-BF16: trains in float32",
-}
+# How the console names each kind (``kind_label`` adds what the run trains in there).
+KIND_LABELS = {"amx": "AMX", "avx512_bf16": "AVX512-BF16 without AMX", "avx2": "no AVX512-BF16"}
+
+
+def kind_label(kind: str, cfg: DictConfig) -> str:
+    """The console's name of a CPU kind with the precision this run trains in (trainer.precision resolved here:
+    ``auto`` is bf16 on AMX only), e.g. "AVX512-BF16 without AMX: trains in float32 (trainer.precision=auto)"."""
+    precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
+    trains = "bf16" if precision.startswith("bf16") else "float32"
+    return f"{KIND_LABELS[kind]}: trains in {trains} (trainer.precision={cfg.trainer.precision})"

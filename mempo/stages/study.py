@@ -76,10 +76,10 @@ from mempo.stages.reuse import check_reuse, flatten
 from mempo.stages.rundir import finished, held_outputs, run_record
 from mempo.stages.steps import (
     DEMO_RATES,
-    KIND_LABELS,
     Step,
     command_line_keys,
     folders_arg,
+    kind_label,
     run_steps,
     stage,
     with_overrides,
@@ -248,7 +248,7 @@ def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) 
         return
     kind = rate_kind()
     t = expected_seconds(cfg, runs, kind)
-    what = KIND_LABELS[kind]
+    what = kind_label(kind, cfg)
     k, arms = len(cfg.study.seeds), len(run_arms(cfg))
     kept = f" ({t['kept']} kept from an earlier evaluation or the ledger)" if t["kept"] else ""
     say(

@@ -158,3 +158,20 @@ def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...
     assert line.startswith("engine bfloat16" if bf16_engine else "engine float32")
     assert ("update compiled" in line) == bf16_engine  # compile_update=auto follows the recomputed old log-probs
     assert line.endswith(f"on a CPU of kind {rate_kind()}")
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "precision", "expected"),
+    [
+        (ZEN4, "avx512_bf16", "auto", "AVX512-BF16 without AMX: trains in float32 (trainer.precision=auto)"),
+        (ZEN4, "avx512_bf16", "bf16-mixed", "AVX512-BF16 without AMX: trains in bf16 (trainer.precision=bf16-mixed)"),
+        (SAPPHIRE_RAPIDS, "amx", "auto", "AMX: trains in bf16 (trainer.precision=auto)"),
+    ],
+)
+def test_the_time_estimate_names_the_precision_the_run_trains_in(monkeypatch, flags, kind, precision, expected):
+    """The console's expected-time line said "trains in bf16" on every AVX512-BF16 CPU after auto became float32
+    there (seen on a Zen 4 EPYC): the label now follows trainer.precision as this run resolves it."""
+    from mempo.stages.steps import kind_label
+
+    as_cpu(monkeypatch, flags)
+    assert kind_label(kind, compose_config(f"trainer.precision={precision}")) == expected
