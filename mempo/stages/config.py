@@ -541,11 +541,8 @@ def on_gpu(accelerator: str) -> bool:
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
-    """``trainer.precision=auto``: bf16-mixed on GPUs and on CPUs whose bf16 matmuls run on AMX tiles
-    (``cpu_precision``), else 32-true. Without AMX a bf16 update is slower than a float32 one: 1.3-1.7x over
-    the same RL step with oneDNN capped below AMX (its bf16 matmuls 1.4-1.5x the float32 ones' time, plus autocast's
-    casts; docs/performance.md, "Where the update's time goes"), and AVX2-only CPUs have no bf16 kernels at all. Any
-    other value is returned as given."""
+    """``trainer.precision=auto``: bf16-mixed on GPUs and on CPUs with native bf16 (``cpu_precision``: AVX512-BF16 or
+    AMX), else 32-true (AVX2). Any other value is returned as given."""
     if precision != "auto":
         return precision
     return "bf16-mixed" if on_gpu(accelerator) else cpu_precision()

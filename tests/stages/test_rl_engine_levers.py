@@ -53,14 +53,15 @@ AVX2_ONLY = "fpu avx2 fma"
     [
         (SAPPHIRE_RAPIDS, None, "bf16-mixed", "bfloat16"),
         (SAPPHIRE_RAPIDS, "AVX512_CORE_AMX", "bf16-mixed", "bfloat16"),
-        (SAPPHIRE_RAPIDS, "AVX512_CORE_BF16", "32-true", "bfloat16"),  # oneDNN capped below AMX: as a Zen 4
-        (ZEN4, None, "32-true", "bfloat16"),  # a float32 update beside a bf16 engine
+        (SAPPHIRE_RAPIDS, "AVX512_CORE_BF16", "bf16-mixed", "bfloat16"),  # oneDNN capped below AMX: as a Zen 4
+        (ZEN4, None, "bf16-mixed", "bfloat16"),  # bf16 matmuls 2x float32's on a real Zen 4 EPYC
         (AVX2_ONLY, None, "32-true", "float32"),
     ],
 )
 def test_precision_and_engine_dtype_auto_per_cpu_kind(monkeypatch, flags, isa, precision, engine) -> None:
-    """trainer.precision=auto: bf16 only where bf16 matmuls run on AMX; sampler.dtype=auto: bf16 wherever the CPU has
-    native bf16, whatever the trainer's precision."""
+    """trainer.precision=auto: bf16 wherever the CPU has native bf16 (from 2026-12-06 to 12-07 it was bf16 on AMX only,
+    from a first look with oneDNN capped that a real Zen 4 EPYC then contradicted); sampler.dtype=auto: bf16 wherever
+    the CPU has native bf16, whatever the trainer's precision."""
     as_cpu(monkeypatch, flags, isa)
     assert resolve_precision("auto", "cpu") == precision
     cfg = compose_config("sampler.dtype=auto", "+exp=grpo_cpu_fast")
@@ -163,14 +164,15 @@ def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...
 @pytest.mark.parametrize(
     ("flags", "kind", "precision", "expected"),
     [
-        (ZEN4, "avx512_bf16", "auto", "AVX512-BF16 without AMX: trains in float32 (trainer.precision=auto)"),
-        (ZEN4, "avx512_bf16", "bf16-mixed", "AVX512-BF16 without AMX: trains in bf16 (trainer.precision=bf16-mixed)"),
+        (ZEN4, "avx512_bf16", "auto", "AVX512-BF16 without AMX: trains in bf16 (trainer.precision=auto)"),
+        (ZEN4, "avx512_bf16", "32-true", "AVX512-BF16 without AMX: trains in float32 (trainer.precision=32-true)"),
+        (AVX2_ONLY, "avx2", "auto", "no AVX512-BF16: trains in float32 (trainer.precision=auto)"),
         (SAPPHIRE_RAPIDS, "amx", "auto", "AMX: trains in bf16 (trainer.precision=auto)"),
     ],
 )
 def test_the_time_estimate_names_the_precision_the_run_trains_in(monkeypatch, flags, kind, precision, expected):
-    """The console's expected-time line said "trains in bf16" on every AVX512-BF16 CPU after auto became float32
-    there (seen on a Zen 4 EPYC): the label now follows trainer.precision as this run resolves it."""
+    """The console's expected-time line said "trains in bf16" on every AVX512-BF16 CPU while auto was float32 there
+    (seen on a Zen 4 EPYC): the label follows trainer.precision as this run resolves it."""
     from mempo.stages.steps import kind_label
 
     as_cpu(monkeypatch, flags)
