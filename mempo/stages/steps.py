@@ -151,8 +151,8 @@ KIND_LABELS = {"amx": "AMX", "avx512_bf16": "AVX512-BF16 without AMX", "avx2": "
 
 def kind_label(kind: str, cfg: DictConfig) -> str:
     """The console's name of a CPU kind with the precision this run trains in (trainer.precision resolved here:
-    ``auto`` is bf16 wherever the CPU has native bf16), e.g. "no AVX512-BF16: trains in float32
-    (trainer.precision=auto)"."""
+    ``auto`` is bf16 wherever the CPU has native bf16), e.g. "no AVX512-BF16; trains in float32,
+    trainer.precision=auto"."""
     precision = resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
     trains = "bf16" if precision.startswith("bf16") else "float32"
-    return f"{KIND_LABELS[kind]}: trains in {trains} (trainer.precision={cfg.trainer.precision})"
+    return f"{KIND_LABELS[kind]}; trains in {trains}, trainer.precision={cfg.trainer.precision}"

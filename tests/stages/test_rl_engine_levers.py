@@ -164,10 +164,10 @@ def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...
 @pytest.mark.parametrize(
     ("flags", "kind", "precision", "expected"),
     [
-        (ZEN4, "avx512_bf16", "auto", "AVX512-BF16 without AMX: trains in bf16 (trainer.precision=auto)"),
-        (ZEN4, "avx512_bf16", "32-true", "AVX512-BF16 without AMX: trains in float32 (trainer.precision=32-true)"),
-        (AVX2_ONLY, "avx2", "auto", "no AVX512-BF16: trains in float32 (trainer.precision=auto)"),
-        (SAPPHIRE_RAPIDS, "amx", "auto", "AMX: trains in bf16 (trainer.precision=auto)"),
+        (ZEN4, "avx512_bf16", "auto", "AVX512-BF16 without AMX; trains in bf16, trainer.precision=auto"),
+        (ZEN4, "avx512_bf16", "32-true", "AVX512-BF16 without AMX; trains in float32, trainer.precision=32-true"),
+        (AVX2_ONLY, "avx2", "auto", "no AVX512-BF16; trains in float32, trainer.precision=auto"),
+        (SAPPHIRE_RAPIDS, "amx", "auto", "AMX; trains in bf16, trainer.precision=auto"),
     ],
 )
 def test_the_time_estimate_names_the_precision_the_run_trains_in(monkeypatch, flags, kind, precision, expected):
