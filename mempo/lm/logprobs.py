@@ -147,20 +147,20 @@ def head_logprobs(
     chunk_size: int = 256,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    fused: bool = False,
+    fused: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """hidden [M, H] (each row the state that predicts one token), targets [M] -> (logp [M], entropy [M]) float32
     (float64 for a float64 head); entropy is all zeros unless ``with_entropy``.
 
     The output head and the float32 log-softmax run over ``chunk_size`` rows at a time; under autograd each chunk
     is checkpointed, so forward and backward hold one [chunk_size, V] block of logits at a time, never [M, V].
-    With ``fused`` (off by default), log-probs alone of a plain ``nn.Linear`` head take ``LinearHeadLogProb``'s
+    With ``fused`` (the default), log-probs alone of a plain ``nn.Linear`` head take ``LinearHeadLogProb``'s
     hand-written backward instead of the checkpoint's: fewer passes over the [C, V] logits (``python -m
-    benchmarks.head_logprobs``). Off until the main job is re-run with it: its first version trained the main job's warm
-    start to other weights (held-out EM 0.648 against 0.695), because it cast a trained head's weight once for all
-    chunks, as autocast with its cache does, where Lightning's autocast runs without the cache (a cast per chunk,
-    gradients summed in float32); it now casts as the ambient autocast does (``tests/lm/test_logprobs.py`` covers
-    both).
+    benchmarks.head_logprobs``), the same numbers bit for bit. It casts a trained head's weight as the ambient autocast
+    does (once for all chunks with autocast's cache, once per chunk without it, as under Lightning), so the chunks'
+    weight gradients add up in the same dtype as through the checkpoint (``tests/lm/test_logprobs.py`` covers both);
+    its first version cast once always, and trained the main job's warm start to other weights. With it on, the main
+    job's warm start is bit-identical to the checkpointed path's (2026-12-07, Zen 4 EPYC, bf16).
     """
 
     def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
