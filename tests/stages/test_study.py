@@ -454,18 +454,11 @@ def test_an_arm_dropped_then_added_back_is_the_only_one_evaluated_again(tiny_stu
     """The finished tiny study run again without its MemPO arm evaluates nothing (the warm start's and the ablation's
     results are kept from the earlier evaluation), then with it again evaluates only MemPO's two seeds; the final
     results equal the first evaluation's, record for record (greedy, the same tiny checkpoints)."""
-    import mempo.stages.evaluate as evaluate_stage
+    from evaluations import record_evaluated
 
     run_dir, _ = tiny_study
     first = (run_dir / "eval" / "results.jsonl").read_text().splitlines()
-    evaluated = []
-    real = evaluate_stage.evaluate_grid
-
-    def counting(*args, checkpoint, **kwargs):
-        evaluated.append(checkpoint)
-        return real(*args, checkpoint=checkpoint, **kwargs)
-
-    monkeypatch.setattr(evaluate_stage, "evaluate_grid", counting)
+    evaluated = record_evaluated(monkeypatch)
     base = ("+exp=study", "+debug=default", "trainer.max_steps=1", f"run_dir={run_dir}")
     dropped = run_stage(compose_config(*base, "study.arms.mempo=null"))
     assert evaluated == [] and dropped["status"]["eval"] == "evaluated; kept warm_start, ablation_s0, ablation_s1"

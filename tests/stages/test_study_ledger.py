@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import mempo.stages.evaluate as evaluate_stage
 from mempo.eval.compare import GridResult
 from mempo.eval.memory_credit import RECORD_KEYS, find_credit_file, load_credit
 from mempo.stages import run_stage
@@ -55,15 +54,10 @@ def test_each_checkpoint_lands_in_the_ledger_with_its_run_files(first_study) -> 
 
 
 def test_a_study_run_again_without_its_run_folders_takes_every_result_from_the_ledger(first_study, monkeypatch) -> None:
+    from evaluations import record_evaluated
+
     root, _ = first_study
-    evaluated = []
-    real = evaluate_stage.evaluate_grid
-
-    def counting(*args, checkpoint, **kwargs):
-        evaluated.append(checkpoint)
-        return real(*args, checkpoint=checkpoint, **kwargs)
-
-    monkeypatch.setattr(evaluate_stage, "evaluate_grid", counting)
+    evaluated = record_evaluated(monkeypatch)
     summary = run_stage(study_cfg(root / "b", root / "ledger"))
     assert evaluated == []
     assert summary["status"] == {"warm_start": "trained", "ablation_s0": "ledger", "ablation_s1": "ledger",
