@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
 
+@functools.cache
 def cpuinfo() -> str:
     """The kernel's /proc/cpuinfo ("" where there is none): its flags lines name what the CPU can do."""
     try:

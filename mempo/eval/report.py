@@ -527,12 +527,19 @@ def read_eval_records(eval_dirs: Sequence[Path]) -> list[dict[str, Any]]:
 
 def study_record(per_task: Path) -> dict[str, Any] | None:
     """The study.json beside ``per_task`` (as the study writes and docs/studies/<name>/ commits them), or None when
-    there is none to read."""
-    try:
-        record = json.loads((per_task.parent / "study.json").read_text())
-    except (OSError, ValueError):
+    there is none. A SystemExit naming the file and what is wrong with it when it is there but does not read as a
+    JSON object: its design (which arm started from which warm start) would otherwise be dropped without a word."""
+    where = per_task.parent / "study.json"
+    if not where.is_file():
         return None
-    return record if isinstance(record, dict) else None
+    try:
+        record = json.loads(where.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--per-task {per_task}: {where} does not read as JSON ({e}); mend or remove it") from e
+    if not isinstance(record, dict):
+        raise SystemExit(f"--per-task {per_task}: {where} holds a JSON {type(record).__name__}, not an object; "
+                         "mend or remove it")  # fmt: skip
+    return record
 
 
 def study_reference(per_task: Path, record: dict[str, Any] | None) -> str:
@@ -541,8 +548,8 @@ def study_reference(per_task: Path, record: dict[str, Any] | None) -> str:
     the study's."""
     where = per_task.parent / "study.json"
     if record is None:
-        raise SystemExit(f"--per-task {per_task}: the study's reference arm is read from {where}, which is missing "
-                         "or not a JSON object; give --reference ARM to choose one")  # fmt: skip
+        raise SystemExit(f"--per-task {per_task}: the study's reference arm is read from {where}, which is missing; "
+                         "give --reference ARM to choose one")  # fmt: skip
     if not record.get("reference"):
         raise SystemExit(f"--per-task {per_task}: {where} records no reference arm; give --reference ARM")
     return str(record["reference"])

@@ -481,10 +481,14 @@ def into_ledger(cfg: DictConfig, folders: dict[str, Path], out: Path, agents: di
     """Evaluate ``folders`` (``evaluate_in_turn``: those evaluated before in ``out`` are kept) and write each into
     study.ledger (``write_entry``) with the fingerprint of its weights and its run folder's small files."""
     ev, _ = evaluate_in_turn(cfg, folders, out, {k: a for k, a in agents.items() if k in folders})
-    grid = grid_of(ev, list(folders))
     for label, folder in folders.items():
-        write_entry(Path(cfg.study.ledger), label, cfg, weights=base_fingerprint(folder), result=grid,
-                    run_folder=folder.parent)  # fmt: skip
+        _write_ledger_entry(cfg, label, folder, ev)
+
+
+def _write_ledger_entry(cfg: DictConfig, label: str, folder: Path, ev: dict[str, Any]) -> None:
+    """Checkpoint ``label`` (its HF folder ``folder``) into study.ledger with its rows of the evaluation ``ev``."""
+    write_entry(Path(cfg.study.ledger), label, cfg, weights=base_fingerprint(folder), result=grid_of(ev, [label]),
+                run_folder=folder.parent)  # fmt: skip
 
 
 def evaluate_with_ledger(
@@ -499,8 +503,7 @@ def evaluate_with_ledger(
         if cfg.study.ledger:
             for label, folder in live.items():  # those evaluated now but not yet in it (the warm starts)
                 if read_entry(Path(cfg.study.ledger), label) is None:
-                    write_entry(Path(cfg.study.ledger), label, cfg, weights=base_fingerprint(folder),
-                                result=grid_of(ev, [label]), run_folder=folder.parent)  # fmt: skip
+                    _write_ledger_entry(cfg, label, folder, ev)
         if not held:
             return ev, status
         parts = [grid_of(ev, list(live))]

@@ -145,8 +145,16 @@ def test_per_task_compares_against_the_studys_reference(tmp_path: Path) -> None:
 def test_per_task_without_the_studys_record_names_the_file_and_the_way_out(tmp_path: Path) -> None:
     rows = [(arm, s, 2, f"t{i}", v, v, "") for arm, v in (("a", 0), ("b", 1)) for s in (0, 1) for i in range(2)]
     path = _per_task_csv(tmp_path / "per_task.csv", rows)
-    with pytest.raises(SystemExit, match=r"study\.json, which is missing or not a JSON object; give --reference ARM"):
+    with pytest.raises(SystemExit, match=r"study\.json, which is missing; give --reference ARM"):
         main(["--per-task", str(path)])
+    # A damaged study.json is refused even with --reference: its design (the arms' own warm starts) would be lost.
+    (tmp_path / "study.json").write_text('{"stage": "study", "design": ')
+    for args in ([], ["--reference", "b"]):
+        with pytest.raises(SystemExit, match=r"study\.json does not read as JSON \(Expecting value: line 1"):
+            main(["--per-task", str(path), *args])
+    (tmp_path / "study.json").write_text("[]")
+    with pytest.raises(SystemExit, match=r"study\.json holds a JSON list, not an object"):
+        main(["--per-task", str(path), "--reference", "b"])
     (tmp_path / "study.json").write_text(json.dumps({"stage": "study"}))
     with pytest.raises(SystemExit, match=r"study\.json records no reference arm; give --reference ARM"):
         main(["--per-task", str(path)])
