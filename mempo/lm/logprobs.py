@@ -21,6 +21,8 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from mempo.lm.shared_prefix import shared_prefix_attention, shared_prefix_layout, unpack
+
 # Config attributes of models whose logits are not plain lm_head(hidden).
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
@@ -36,6 +38,7 @@ def token_logprobs(
     chunk_size: int = 256,
     temperature: float = 1.0,
     score_mask: Tensor | None = None,
+    shared_prefix: bool = False,
 ) -> Tensor:
     """input_ids, attention_mask [N, T] -> logp [N, T] float32 (float64 for a float64 model).
 
@@ -45,7 +48,15 @@ def token_logprobs(
     score_mask [N, T] (optional): score only these positions (others get 0), e.g. the response tokens of a turn
     sample: the decoder still reads the whole sequence, but the output head and the log-softmax, a large share of
     the cost with a 49k-150k vocabulary, run only where a log-prob is used.
+    shared_prefix: compute the leading tokens every row shares once (``mempo.lm.shared_prefix``; right padding, SDPA
+    attention, an unsharded model): the same log-probs up to the order of float additions.
     """
+    if shared_prefix:
+        if getattr(model, TOKEN_STATS_METHOD, None) is not None:
+            raise ValueError("optim.shared_prefix: not for a sharded model (FSDP); set optim.shared_prefix=false")
+        logp, _ = local_token_stats(model, input_ids, attention_mask, chunk_size, temperature, False, score_mask,
+                                    shared_prefix=True)  # fmt: skip
+        return logp
     logp, _ = _token_stats(model, input_ids, attention_mask, chunk_size, temperature, False, score_mask)
     return logp
 
@@ -92,6 +103,8 @@ def local_token_stats(
     temperature: float,
     with_entropy: bool,
     score_mask: Tensor | None = None,
+    *,
+    shared_prefix: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
         raise ValueError(
@@ -113,11 +126,20 @@ def local_token_stats(
 
     mask = attention_mask.bool()
     n, t = input_ids.shape
-    # Left padding: positions count real tokens only, exactly as generate() numbered them.
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state  # [N, T, H]
+    layout = shared_prefix_layout(input_ids, attention_mask) if shared_prefix else None
+    if layout is None:
+        # Left padding: positions count real tokens only, exactly as generate() numbered them.
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # [N, T, H]
+    else:  # the shared leading tokens once (a 4D mask is passed through as it is)
+        with shared_prefix_attention(model):
+            packed = model.get_decoder()(
+                input_ids=layout.input_ids, attention_mask=layout.mask, position_ids=layout.position_ids,
+                use_cache=False,
+            ).last_hidden_state  # fmt: skip
+        hidden = unpack(packed, layout, n, t)
 
     # Hidden state at t-1 scores token t; only pairs of two real tokens count.
     scored = mask[:, 1:] & mask[:, :-1]  # [N, T-1]

@@ -121,10 +121,11 @@ def sequence_logprobs(
     micro_batch_size: int = 16,
     score_mask: Tensor | None = None,
     temperature: float = 1.0,
+    shared_prefix: bool = False,
 ) -> Tensor:
     """[N, T] -> [N, T] token log-probs under ``model`` (at ``temperature``: log softmax(logits / temperature)), in
     length-sorted micro-batches trimmed to their longest row (right padding); with ``score_mask`` (e.g. the response
-    mask) only those positions are scored, the rest are 0 (see ``token_logprobs``)."""
+    mask) only those positions are scored, the rest are 0 (see ``token_logprobs``, also for ``shared_prefix``)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     device = next(model.parameters()).device
     lengths = attention_mask.sum(-1).tolist()
@@ -134,6 +135,7 @@ def sequence_logprobs(
         ids = input_ids[idx, :t_len].to(device)
         mask = attention_mask[idx, :t_len].to(device)
         score = None if score_mask is None else score_mask[idx, :t_len].to(device)
-        out[idx, :t_len] = token_logprobs(model, ids, mask, score_mask=score, temperature=temperature).float().cpu()
+        logp = token_logprobs(model, ids, mask, score_mask=score, temperature=temperature, shared_prefix=shared_prefix)
+        out[idx, :t_len] = logp.float().cpu()
     idle_forwards(idle, model)
     return out

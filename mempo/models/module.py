@@ -42,6 +42,7 @@ from mempo.lm.logprobs import token_logprobs
 from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora, same_base
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
+from mempo.lm.shared_prefix import computed_positions
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -113,6 +114,9 @@ class OptimConfig:
     log-probs come from the same compiled forward (compiled kernels round differently from eager ones); auto: on
     exactly when the old log-probs are recomputed and the policy is not sharded (``builders.build_optim_config``
     resolves it before the module is built), so a recipe that asks for it still runs with a float32 engine.
+    shared_prefix: the update's forwards (and the old and reference log-probs' recomputes) compute the leading tokens
+    every row of a micro-batch shares (the system prompt, the chat template's) once (``mempo.lm.shared_prefix``): the
+    same objective, fewer positions computed (perf/update_positions); an unsharded policy with SDPA attention only.
     """
 
     lr: float = 1e-6
@@ -127,6 +131,7 @@ class OptimConfig:
     skip_zero_adv_rows: bool = True
     fuse_old_logp: bool = True
     compile_update: bool | str = False
+    shared_prefix: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -573,6 +578,7 @@ class MemPOModule(L.LightningModule):
                     micro_batch_size=self.optim_cfg.micro_batch_size,
                     score_mask=x.response_mask[rows],
                     temperature=self.logp_temperature,
+                    shared_prefix=self.optim_cfg.shared_prefix,
                 )
             return out
 
@@ -625,6 +631,7 @@ class MemPOModule(L.LightningModule):
             "train/first_epoch_ratio_dev": 0.0,
             "perf/update_tokens": 0.0,
             "perf/update_pad_frac": 0.0,
+            "perf/update_positions": 0.0,
         }
 
     def _update(
@@ -649,7 +656,9 @@ class MemPOModule(L.LightningModule):
         skipped = 0
         grad_norm = 0.0
         ratio_dev = 0.0  # the first epoch's largest |new / old - 1|: 0 when the old log-probs are this forward's
-        tokens, padded = 0, 0  # the first epoch's real tokens and the positions its micro-batches compute
+        # The first epoch's real tokens, its micro-batches' [rows x longest row] and the positions its forwards compute
+        # (fewer than the padded ones with optim.shared_prefix).
+        tokens, padded, positions = 0, 0, 0
         fused = old_logp is None
         if fused:
             old_logp = torch.zeros(x.input_ids.shape, dtype=torch.float32)  # filled by the pass below
@@ -675,6 +684,7 @@ class MemPOModule(L.LightningModule):
                         mb(x.attention_mask),
                         score_mask=mb(x.response_mask),
                         temperature=self.logp_temperature,
+                        shared_prefix=self.optim_cfg.shared_prefix,
                     )
                     if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
                         old_logp[sl] = logp.detach().float().cpu()
@@ -699,6 +709,7 @@ class MemPOModule(L.LightningModule):
                     ratio_dev = max(ratio_dev, float(m["ratio_dev_max"]))
                     tokens += int(sum(lengths[i] for i in idx))
                     padded += len(idx) * t_len
+                    positions += computed_positions(x.input_ids[sl], x.attention_mask[sl], self.optim_cfg.shared_prefix)
                 share = float(mb(x.response_mask).sum()) / computed_tokens
                 for k in ("clip_frac", "ratio_mean"):
                     sums[k] = sums.get(k, 0.0) + float(m[k]) * share
@@ -737,6 +748,7 @@ class MemPOModule(L.LightningModule):
             "train/first_epoch_ratio_dev": ratio_dev,
             "perf/update_tokens": float(tokens),
             "perf/update_pad_frac": 1.0 - tokens / padded if padded else 0.0,
+            "perf/update_positions": float(positions),
             **self.engine_mismatch_metrics(x, old_logp, groups),
         }
 
