@@ -247,6 +247,7 @@ def summarize(console: dict[str, Any], rows: list[dict[str, float]], rollouts_pe
                         "train/ratio_mean",
                         "rollout/prefix_cache_hit_rate",
                         "perf/update_pad_frac",
+                        "perf/update_positions",
                         "perf/prompt_tokens",
                         "train/rows_updated",
                         "val/em",
@@ -296,6 +297,10 @@ def figures(steps: list[dict[str, Any]], console: dict[str, Any], rollouts_per_s
     for key, over in (("rollout/engine_logp_gap", measured), ("train/tis_clip_frac", measured),
                       ("rollout/prefix_cache_hit_rate", measured), ("perf/update_pad_frac", updated)):  # fmt: skip
         out[key] = _mean([s["extra"][key] for s in over if key in s["extra"]])
+    # Positions the update's forwards computed per real token (1 + padding; below 1 with optim.shared_prefix).
+    pos = [(s["extra"]["perf/update_positions"], s["update_tokens"]) for s in updated
+           if "perf/update_positions" in s["extra"]]  # fmt: skip
+    out["update_positions_per_token"] = sum(a for a, _ in pos) / sum(b for _, b in pos) if pos else None
     devs = [s["extra"]["train/first_epoch_ratio_dev"] for s in steps if "train/first_epoch_ratio_dev" in s["extra"]]
     out["train/first_epoch_ratio_dev"] = max(devs) if devs else None
     return out
@@ -318,6 +323,7 @@ ROWS = [
     ("largest abs(ratio - 1), epoch 1", "train/first_epoch_ratio_dev", "{:.2e}"),
     ("prefix-cache hit rate", "rollout/prefix_cache_hit_rate", "{:.1%}"),
     ("update padding", "perf/update_pad_frac", "{:.1%}"),
+    ("update positions per token", "update_positions_per_token", "{:.2f}"),
 ]
 
 

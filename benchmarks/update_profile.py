@@ -1,6 +1,6 @@
 """Where the RL update's time goes, per operator family, for each speed setting of the update.
 
-    python -m benchmarks.update_profile                                  # the three settings below, 2 RL steps each
+    python -m benchmarks.update_profile                                  # every setting below, 2 RL steps each
     python -m benchmarks.update_profile --isa AVX512_CORE_BF16           # oneDNN as on a CPU without AMX
     python -m benchmarks.update_profile --settings bf16_eager bf16_compiled --steps 3
 
@@ -35,11 +35,13 @@ from benchmarks.common import RESULTS, ROOT, log, write_json
 from benchmarks.rl_throughput import machine_kind, resolve_warm_start, run_side
 from mempo.models.profiling import markdown
 
-SETTINGS = {  # each names its precision: trainer.precision=auto is float32 on CPUs without AMX (and under --isa)
-    "bf16_compiled": ["trainer.precision=bf16-mixed", "optim.compile_update=true"],
-    "bf16_eager": ["trainer.precision=bf16-mixed", "optim.compile_update=false"],
-    "float32_eager": ["trainer.precision=32-true", "optim.compile_update=false"],
-    "float32_compiled": ["trainer.precision=32-true", "optim.compile_update=true"],
+SETTINGS = {  # each names its precision and every update switch, whatever the recipe's defaults
+    "bf16_compiled": ["trainer.precision=bf16-mixed", "optim.compile_update=true", "optim.shared_prefix=false"],
+    "bf16_eager": ["trainer.precision=bf16-mixed", "optim.compile_update=false", "optim.shared_prefix=false"],
+    "bf16_compiled_shared": ["trainer.precision=bf16-mixed", "optim.compile_update=true", "optim.shared_prefix=true"],
+    "bf16_eager_shared": ["trainer.precision=bf16-mixed", "optim.compile_update=false", "optim.shared_prefix=true"],
+    "float32_eager": ["trainer.precision=32-true", "optim.compile_update=false", "optim.shared_prefix=false"],
+    "float32_compiled": ["trainer.precision=32-true", "optim.compile_update=true", "optim.shared_prefix=false"],
 }
 COMMON = [
     "+exp=grpo_cpu_fast",
@@ -114,8 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, res in results.items():
         for r in res["steps"]:
             rate = r["update_tokens"] / r["update_s"] if r["update_s"] else 0.0
-            print(f"{name}, RL step {r['step']}: {r['update_tokens']:.0f} update tokens, update {r['update_s']:.1f} s "
-                  f"({rate:.0f} tokens a second), old log-probs {r['logp_s']:.1f} s\n")  # fmt: skip
+            positions = r.get("update_positions", 0)
+            print(f"{name}, RL step {r['step']}: {r['update_tokens']:.0f} update tokens ({positions:.0f} "
+                  f"positions computed), update {r['update_s']:.1f} s ({rate:.0f} tokens a second), old log-probs "
+                  f"{r['logp_s']:.1f} s\n")  # fmt: skip
             print(markdown(r) + "\n")
             top = ", ".join(f"{name} ({fam}) {sec:.1f} s" for name, fam, sec, _ in r["top"][:8])
             print(f"top operators by self time: {top}\n")

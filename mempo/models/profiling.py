@@ -163,6 +163,7 @@ class UpdateProfiler(L.Callback):
         metrics = getattr(pl_module, "last_metrics", {})
         record.update(
             update_tokens=metrics.get("perf/update_tokens", 0.0),
+            update_positions=metrics.get("perf/update_positions", 0.0),
             update_s=metrics.get("perf/update_s", 0.0),
             logp_s=metrics.get("perf/logp_s", 0.0),
             settings=self.settings,
