@@ -21,7 +21,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from mempo.lm.shared_prefix import shared_prefix_attention, shared_prefix_layout, unpack
+from mempo.lm.shared_prefix import shared_prefix_active, shared_prefix_attention, shared_prefix_layout, unpack
 
 # Config attributes of models whose logits are not plain lm_head(hidden).
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
@@ -134,6 +134,12 @@ def local_token_stats(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # [N, T, H]
     else:  # the shared leading tokens once (a 4D mask is passed through as it is)
+        if getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+            if not shared_prefix_active(model):
+                raise ValueError(
+                    "shared_prefix with gradient checkpointing: the layers run their forward again in backward, so "
+                    "hold mempo.lm.shared_prefix.shared_prefix_attention(model) across the backward too"
+                )
         with shared_prefix_attention(model):
             packed = model.get_decoder()(
                 input_ids=layout.input_ids, attention_mask=layout.mask, position_ids=layout.position_ids,

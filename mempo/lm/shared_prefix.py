@@ -113,19 +113,30 @@ def prefix_attention(
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
+def shared_prefix_active(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention is ``prefix_attention`` now (inside ``shared_prefix_attention``)."""
+    return model.config._attn_implementation == ATTENTION_NAME
+
+
 @contextmanager
 def shared_prefix_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Inside: ``model``'s attention is ``prefix_attention`` (registered with transformers once). Only where it runs
-    SDPA: other implementations (eager, flash) are left alone and the caller must not repack."""
+    """Inside: ``model``'s attention is ``prefix_attention`` (registered with transformers once); nested, the outer
+    one holds it. Hold it across the backward where layers recompute their forward there (gradient checkpointing):
+    the RL update does. Only from SDPA: other implementations (eager, flash) are refused."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     config = model.config
     before = config._attn_implementation
+    if before == ATTENTION_NAME:
+        yield
+        return
     if before != "sdpa":
         raise ValueError(
             f"optim.shared_prefix needs the model's attention to be sdpa, got {before!r}; set optim.shared_prefix=false"
         )
     AttentionInterface.register(ATTENTION_NAME, prefix_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # a micro-batch not repacked: SDPA's own mask
     config._attn_implementation = ATTENTION_NAME
     try:
         yield

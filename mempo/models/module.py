@@ -42,7 +42,7 @@ from mempo.lm.logprobs import token_logprobs
 from mempo.lm.lora import adapter_disabled, export_states, is_adapter_key, is_lora, same_base
 from mempo.lm.scoring import length_sorted_batches, memory_answer_probabilities, sequence_logprobs
 from mempo.lm.sharding import idle_forward, is_sharded, lockstep_count, scalar
-from mempo.lm.shared_prefix import computed_positions
+from mempo.lm.shared_prefix import computed_positions, shared_prefix_attention
 from mempo.losses import (
     AdvantageConfig,
     AdvantageInputs,
@@ -662,78 +662,85 @@ class MemPOModule(L.LightningModule):
         fused = old_logp is None
         if fused:
             old_logp = torch.zeros(x.input_ids.shape, dtype=torch.float32)  # filled by the pass below
-        for epoch in range(self.optim_cfg.ppo_epochs):
-            loss_total = 0.0
-            # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
-            micro_batches, idle = self._row_batches(lengths, groups)
-            # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0); a DDP
-            # rank with no rows takes part in the all-reduce with one such backward.
-            for _ in range(idle):
-                self.manual_backward(0.0 * idle_forward(self.policy))
-            for j, idx in enumerate(micro_batches):
-                t_len = int(max(lengths[i] for i in idx))
-                sl = (idx, slice(0, t_len))
+        # Held across every backward too: with gradient checkpointing the layers run their forward again there.
+        repacked = shared_prefix_attention(self.policy) if self.optim_cfg.shared_prefix else nullcontext()
+        with repacked:
+            for epoch in range(self.optim_cfg.ppo_epochs):
+                loss_total = 0.0
+                # The loss weights stay the full batch's: rows left out (advantage 0 everywhere) would add exactly 0.
+                micro_batches, idle = self._row_batches(lengths, groups)
+                # Sharded: every rank runs as many forward/backward pairs as the busiest one (idle ones add 0); a DDP
+                # rank with no rows takes part in the all-reduce with one such backward.
+                for _ in range(idle):
+                    self.manual_backward(0.0 * idle_forward(self.policy))
+                for j, idx in enumerate(micro_batches):
+                    t_len = int(max(lengths[i] for i in idx))
+                    sl = (idx, slice(0, t_len))
 
-                def mb(t: torch.Tensor, sl: tuple = sl) -> torch.Tensor:
-                    return t[sl].to(self.device)
+                    def mb(t: torch.Tensor, sl: tuple = sl) -> torch.Tensor:
+                        return t[sl].to(self.device)
 
-                with torch.profiler.record_function(PHASE_FORWARD):
-                    logp = token_logprobs(
-                        self.policy,
-                        mb(x.input_ids),
-                        mb(x.attention_mask),
-                        score_mask=mb(x.response_mask),
-                        temperature=self.logp_temperature,
-                        shared_prefix=self.optim_cfg.shared_prefix,
+                    with torch.profiler.record_function(PHASE_FORWARD):
+                        logp = token_logprobs(
+                            self.policy,
+                            mb(x.input_ids),
+                            mb(x.attention_mask),
+                            score_mask=mb(x.response_mask),
+                            temperature=self.logp_temperature,
+                            shared_prefix=self.optim_cfg.shared_prefix,
+                        )
+                        if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
+                            old_logp[sl] = logp.detach().float().cpu()
+                        loss, m = policy_objective(
+                            logp,
+                            mb(old_logp),
+                            mb(adv),
+                            mb(x.response_mask),
+                            self.loss_cfg,
+                            ref_logp=None if ref_logp is None else mb(ref_logp),
+                            weights=mb(weights),
+                            sampler_logp=mb(x.sampler_logp),
+                        )
+                    # DDP: ranks hold different numbers of micro-batches, so gradients are synchronized only by each
+                    # rank's last backward (one per rank per pass); earlier ones accumulate locally. FSDP2 reduces
+                    # (reduce-scatters) every backward: no block, the padded counts above keep ranks in step.
+                    sync = nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync()
+                    with sync, torch.profiler.record_function(PHASE_BACKWARD):
+                        self.manual_backward(loss)
+                    loss_total += float(loss.detach())
+                    if epoch == 0:
+                        ratio_dev = max(ratio_dev, float(m["ratio_dev_max"]))
+                        tokens += int(sum(lengths[i] for i in idx))
+                        padded += len(idx) * t_len
+                        positions += computed_positions(
+                            x.input_ids[sl], x.attention_mask[sl], self.optim_cfg.shared_prefix
+                        )
+                    share = float(mb(x.response_mask).sum()) / computed_tokens
+                    for k in ("clip_frac", "ratio_mean"):
+                        sums[k] = sums.get(k, 0.0) + float(m[k]) * share
+                    sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
+                # A DTensor under FSDP2: ``scalar`` makes it the float every rank agrees on.
+                with torch.profiler.record_function(PHASE_OPTIMIZER):
+                    grad_norm = scalar(
+                        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip)
                     )
-                    if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
-                        old_logp[sl] = logp.detach().float().cpu()
-                    loss, m = policy_objective(
-                        logp,
-                        mb(old_logp),
-                        mb(adv),
-                        mb(x.response_mask),
-                        self.loss_cfg,
-                        ref_logp=None if ref_logp is None else mb(ref_logp),
-                        weights=mb(weights),
-                        sampler_logp=mb(x.sampler_logp),
-                    )
-                # DDP: ranks hold different numbers of micro-batches, so gradients are synchronized only by each
-                # rank's last backward (one per rank per pass); earlier ones accumulate locally. FSDP2 reduces
-                # (reduce-scatters) every backward: no block, the padded counts above keep ranks in step.
-                sync = nullcontext() if j == len(micro_batches) - 1 else self._no_grad_sync()
-                with sync, torch.profiler.record_function(PHASE_BACKWARD):
-                    self.manual_backward(loss)
-                loss_total += float(loss.detach())
-                if epoch == 0:
-                    ratio_dev = max(ratio_dev, float(m["ratio_dev_max"]))
-                    tokens += int(sum(lengths[i] for i in idx))
-                    padded += len(idx) * t_len
-                    positions += computed_positions(x.input_ids[sl], x.attention_mask[sl], self.optim_cfg.shared_prefix)
-                share = float(mb(x.response_mask).sum()) / computed_tokens
-                for k in ("clip_frac", "ratio_mean"):
-                    sums[k] = sums.get(k, 0.0) + float(m[k]) * share
-                sums["kl"] = sums.get("kl", 0.0) + float(m["kl"])  # weighted parts of the full-batch KL add up
-            # A DTensor under FSDP2: ``scalar`` makes it the float every rank agrees on.
-            with torch.profiler.record_function(PHASE_OPTIMIZER):
-                grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.optim_cfg.grad_clip))
-            # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
-            if not math.isfinite(grad_norm):
-                self.nonfinite_in_a_row += 1
-                skipped += 1
-                opt.zero_grad(set_to_none=True)
-                if self.nonfinite_in_a_row >= self.optim_cfg.max_nonfinite:
-                    raise FloatingPointError(
-                        f"non-finite loss or gradient in {self.nonfinite_in_a_row} steps in a row (step "
-                        f"{self.batches_done + 1}): stopping; lower optim.lr or check the data"
-                    )
-                continue
-            self.nonfinite_in_a_row = 0
-            with torch.profiler.record_function(PHASE_OPTIMIZER):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if sched is not None:
-                sched.step()
+                # The norm of the synchronized gradient is the same on every rank, so every rank skips together.
+                if not math.isfinite(grad_norm):
+                    self.nonfinite_in_a_row += 1
+                    skipped += 1
+                    opt.zero_grad(set_to_none=True)
+                    if self.nonfinite_in_a_row >= self.optim_cfg.max_nonfinite:
+                        raise FloatingPointError(
+                            f"non-finite loss or gradient in {self.nonfinite_in_a_row} steps in a row (step "
+                            f"{self.batches_done + 1}): stopping; lower optim.lr or check the data"
+                        )
+                    continue
+                self.nonfinite_in_a_row = 0
+                with torch.profiler.record_function(PHASE_OPTIMIZER):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                if sched is not None:
+                    sched.step()
         self.policy.eval()
         epochs = self.optim_cfg.ppo_epochs
         return {

@@ -11,7 +11,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mempo.lm.compiled import CompiledLayers
 from mempo.lm.logprobs import token_logprobs
-from mempo.lm.shared_prefix import common_prefix_len, computed_positions, shared_prefix_layout, unpack
+from mempo.lm.shared_prefix import (
+    common_prefix_len,
+    computed_positions,
+    shared_prefix_attention,
+    shared_prefix_layout,
+    unpack,
+)
 
 
 def batch(lengths: list[int], prefix: int, seed: int = 0, vocab: int = 101) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,3 +135,27 @@ def test_a_compiled_forward_repacks_without_recompiling_per_layer_or_batch() -> 
     # One graph for the repacked layers (every layer, both batches) and one for the plain call the first batch of a
     # dynamic-shape compile may take: not one per layer (3) or per batch.
     assert counters["stats"]["unique_graphs"] <= 2
+
+
+def test_with_the_switch_held_a_batch_not_repacked_is_plain_sdpa_bit_for_bit() -> None:
+    """The RL update holds the switch across its whole pass, so micro-batches that are not repacked (here: left
+    padding) run under it too."""
+    model = tiny_llama()
+    ids, mask = batch([20, 20, 16], prefix=12)
+    ids, mask = ids.flip(1), mask.flip(1)  # left padding: not repacked
+    want = token_logprobs(model, ids, mask)
+    with shared_prefix_attention(model):
+        got = token_logprobs(model, ids, mask, shared_prefix=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_gradient_checkpointing_needs_the_switch_held_across_the_backward() -> None:
+    model = tiny_llama()
+    ids, mask = batch([30, 25, 22, 19, 14], prefix=12)
+    want = grads_of(model, ids, mask, mask, shared=False)
+    model.gradient_checkpointing_enable()
+    with pytest.raises(ValueError, match="hold mempo.lm.shared_prefix.shared_prefix_attention"):
+        grads_of(model, ids, mask, mask, shared=True)
+    with shared_prefix_attention(model):  # as the RL update holds it: the layers' recompute in backward repacks too
+        got = grads_of(model, ids, mask, mask, shared=True)
+    assert_same(got, want, rtol=1.3e-6, scale=1e-5)

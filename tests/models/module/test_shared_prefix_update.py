@@ -26,12 +26,16 @@ def step_row(run_dir: Path) -> dict[str, str]:
     return row
 
 
-@pytest.mark.parametrize("old_logp", ["recompute", "sampler"])
+@pytest.mark.parametrize(
+    ("old_logp", "more"),
+    [("recompute", []), ("sampler", []), ("recompute", ["model.gradient_checkpointing=true"])],
+)
 def test_a_shared_prefix_update_moves_the_weights_as_the_unshared_one(
-    make_cfg, tmp_path: Path, monkeypatch, old_logp
+    make_cfg, tmp_path: Path, monkeypatch, old_logp, more
 ) -> None:
     """One float32 step from the same rollouts (the HF sampler runs before the update), the old log-probs from the
-    update's own forward (recompute, fused) or from the engine."""
+    update's own forward (recompute, fused) or from the engine; with gradient checkpointing the layers' recompute in
+    backward repacks too (the update holds the switch across its backward)."""
     repacked = []  # each forward that ran repacked (the shared prefix's attention installed)
     real = logprobs.shared_prefix_attention
 
@@ -46,7 +50,8 @@ def test_a_shared_prefix_update_moves_the_weights_as_the_unshared_one(
     for shared in ("false", "true"):
         run_dir = tmp_path / shared
         repacked.clear()
-        fit_rl(make_cfg(*RUN, f"optim.old_logp={old_logp}", f"optim.shared_prefix={shared}", f"run_dir={run_dir}"))
+        cfg = make_cfg(*RUN, *more, f"optim.old_logp={old_logp}", f"optim.shared_prefix={shared}", f"run_dir={run_dir}")
+        fit_rl(cfg)
         figures[shared] = step_row(run_dir)
         assert figures[shared]["train/no_signal"] == "0.0"
         assert bool(repacked) is (shared == "true")  # the update's forwards took the switch
