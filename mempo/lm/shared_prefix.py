@@ -47,11 +47,9 @@ def common_prefix_len(input_ids: Tensor, attention_mask: Tensor) -> int:
     return int(same.long().cumprod(0).sum())
 
 
-def shared_prefix_layout(input_ids: Tensor, attention_mask: Tensor) -> PrefixLayout | None:
-    """The repacked micro-batch, or None where it would not compute fewer positions (fewer than 2 rows, left padding
-    or holes, a common prefix under ``MIN_PREFIX`` tokens)."""
+def _prefix_and_width(input_ids: Tensor, mask: Tensor) -> tuple[int, int] | None:
+    """(p, T2) of the repacked micro-batch, or None where repacking would not compute fewer positions."""
     n, t = input_ids.shape
-    mask = attention_mask.bool()
     lengths = mask.sum(-1)
     if n < 2 or not torch.equal(mask, torch.arange(t, device=mask.device)[None] < lengths[:, None]):
         return None  # only right padding: row i's tokens are positions [0, lengths[i])
@@ -60,10 +58,20 @@ def shared_prefix_layout(input_ids: Tensor, attention_mask: Tensor) -> PrefixLay
     p = min(common_prefix_len(input_ids, mask), int(lengths.min()) - 1, (int(lengths.max()) + 1) // 2)
     if p < MIN_PREFIX:
         return None
-    rest = lengths - p  # [N] each row's own tokens
-    t2 = max(p, int(rest.max()))
-    if (n + 1) * t2 >= n * t:
+    t2 = max(p, int(lengths.max()) - p)
+    return None if (n + 1) * t2 >= n * t else (p, t2)
+
+
+def shared_prefix_layout(input_ids: Tensor, attention_mask: Tensor) -> PrefixLayout | None:
+    """The repacked micro-batch, or None where it would not compute fewer positions (fewer than 2 rows, left padding
+    or holes, a common prefix under ``MIN_PREFIX`` tokens)."""
+    mask = attention_mask.bool()
+    plan = _prefix_and_width(input_ids, mask)
+    if plan is None:
         return None
+    p, t2 = plan
+    n, t = input_ids.shape
+    rest = mask.sum(-1) - p  # [N] each row's own tokens
     dev = input_ids.device
     cols = torch.arange(t2, device=dev)
     ids = torch.zeros((n + 1, t2), dtype=input_ids.dtype, device=dev)
@@ -87,9 +95,11 @@ def shared_prefix_layout(input_ids: Tensor, attention_mask: Tensor) -> PrefixLay
 
 
 def computed_positions(input_ids: Tensor, attention_mask: Tensor, shared_prefix: bool) -> int:
-    """The positions a forward of this micro-batch computes: [rows x longest row], or the repacked batch's."""
-    layout = shared_prefix_layout(input_ids, attention_mask) if shared_prefix else None
-    return layout.computed if layout is not None else input_ids.shape[0] * input_ids.shape[1]
+    """The positions a forward of this micro-batch computes: [rows x longest row], or the repacked batch's (counted
+    without building it)."""
+    plan = _prefix_and_width(input_ids, attention_mask.bool()) if shared_prefix else None
+    n, t = input_ids.shape
+    return n * t if plan is None else (n + 1) * plan[1]
 
 
 def unpack(hidden: Tensor, layout: PrefixLayout, n: int, t: int) -> Tensor:

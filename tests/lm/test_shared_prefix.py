@@ -49,6 +49,7 @@ def test_the_repacked_rows_hold_every_original_token_position_and_context() -> N
     n, t = ids.shape
     t2 = layout.input_ids.shape[1]
     assert t2 == 30 - 12 and layout.computed == 6 * 18 < n * t
+    assert computed_positions(ids, mask, True) == 6 * 18 and computed_positions(ids, mask, False) == n * t
     real = mask.bool()
     tokens = unpack(layout.input_ids[..., None].float(), layout, n, t)[..., 0].long()
     assert torch.equal(tokens[real], ids[real])
@@ -84,6 +85,7 @@ def test_a_prefix_longer_than_half_the_rows_is_shared_up_to_half() -> None:
     ids, mask = batch([40, 40, 38], prefix=30)  # rows of 10 own tokens after 30 shared: 4 x 30 > 3 x 40
     layout = shared_prefix_layout(ids, mask)
     assert layout is not None and layout.prefix_len == 20 and layout.computed == 4 * 20
+    assert computed_positions(ids, mask, True) == 4 * 20
 
 
 def test_left_padding_is_not_repacked() -> None:
