@@ -90,11 +90,16 @@ REPO_ROOT = CONFIG_DIR.parents[1]
 # Keys the study keeps from the run's config whatever its recipe sets: the budget, and no in-training validation
 # (a study compares the final checkpoints in one evaluation; validation would only cost time).
 STUDY_OWN_KEYS = ("trainer.max_steps", "eval.every_n_steps")
-# Seconds per objective of the study's float32 evaluation engine per checkpoint (DEMO_RATES' eval_objective is the
-# demo's bf16 engine): the MemPO study evaluated 3 checkpoints x 256 two-question tasks in 7.1 min a checkpoint on a
-# 2-core AMX Xeon, alone, (426 - 25) / 512 = 0.78 s an objective (docs/results.md). Float32 matmuls do not use AMX,
-# so the AVX512-BF16 kind takes the same rate (not measured there); AVX2's is DEMO_RATES' own (float32 there too).
-FLOAT32_EVAL_S = {"amx": 0.78, "avx512_bf16": 0.78, "avx2": DEMO_RATES["avx2"]["eval_objective"]}
+# Seconds per objective of the study's float32 evaluation engine per checkpoint of the memory agent (DEMO_RATES'
+# eval_objective is the demo's bf16 engine): the MemPO study evaluated 3 checkpoints x 256 two-question tasks in 7.1
+# min a checkpoint on a 2-core AMX Xeon, alone, (426 - 25) / 512 = 0.78 s an objective (docs/results.md); the horizon
+# study's world 1 evaluated its memory warm start on 128 tasks at each of N = 2, 4, 6 in 1,511 s on a 2-core
+# AVX512-BF16 EPYC, (1511 - 25) / 1536 = 0.97 s. AVX2's is DEMO_RATES' own (float32 there too).
+FLOAT32_EVAL_S = {"amx": 0.78, "avx512_bf16": 0.97, "avx2": DEMO_RATES["avx2"]["eval_objective"]}
+# A full-history (ReAct) checkpoint's evaluation against the memory agent's, an objective: its prompt holds every
+# earlier turn. The same world-1 evaluation of the ReAct warm start took 3,839 s, (3839 - 25) / 1536 = 2.48 s an
+# objective, 2.6x (EPYC, N = 2, 4, 6 in equal numbers; the ratio grows with N, and is not measured on the other kinds).
+FULL_HISTORY_EVAL_FACTOR = 2.6
 # The ratio of RL time per rollout between AVX2 and AVX512-BF16 measured for training (DEMO_RATES' earlier rates,
 # 13.0 / 4.9): the study's rates below were measured with native bf16 only and are scaled by it on AVX2.
 AVX2_SCALE = 13.0 / 4.9
@@ -230,8 +235,14 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     folders = study_checkpoints(cfg, runs)
     held |= {label for label in folders if ledger is not None and (ledger / label / EVAL_FILE).is_file()}
     ready = {label: f for label, f in folders.items() if (f / "config.json").is_file() and label not in held}
-    kept = len(held) + (len(comparable_checkpoints(cfg, ready, run_path(cfg) / "eval")) if ready else 0)
-    ev = (len(folders) - kept) * (r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective)
+    kept = held | (comparable_checkpoints(cfg, ready, run_path(cfg) / "eval") if ready else set())
+    agents = {WARM_LABELS[a]: a for a in warm_agents(cfg)} | {f"{a}_s{s}": arm_agent(cfg, a) for a, s in runs}
+
+    def evaluation(label: str) -> float:
+        factor = FULL_HISTORY_EVAL_FACTOR if agents[label] == "full_history" else 1.0
+        return r["startup"] + cfg.eval.num_tasks * sum(cfg.eval.objectives) * per_objective * factor
+
+    ev = sum(evaluation(label) for label in folders if label not in kept)
     scores = 0.0
     if cfg.study.memory_scores:  # every checkpoint's memories, scored again on every run of the study
         memories = len(folders) * cfg.eval.num_tasks * sum(cfg.eval.objectives) * MEMORIES_PER_OBJECTIVE
@@ -239,7 +250,8 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     t = {"warm_start": ws, "runs": sum(todo), "eval": ev, "memory_scores": scores}
     total = ws + sum(todo) + ev + scores
     per_run = one(next(iter(runs.values())))
-    return t | {"per_run": per_run, "to_train": len(todo), "kept": kept, "checkpoints": len(folders), "total": total}
+    out = {"per_run": per_run, "to_train": len(todo), "kept": len(kept), "checkpoints": len(folders), "total": total}
+    return t | out
 
 
 def say_expected_time(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig]) -> None:

@@ -96,6 +96,18 @@ def test_the_expected_time_scales_the_measured_rates(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
+def test_the_expected_time_prices_a_full_history_checkpoint_s_evaluation_higher(tmp_path: Path) -> None:
+    react = ("+study.arms.react.agent.context=full_history", "+study.arms.react.advantage.estimator=grpo")
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}", "study.seeds=[0]", "eval.num_tasks=10", *react)
+    r = DEMO_RATES["avx512_bf16"]
+    got = expected_seconds(cfg, arm_seed_configs(cfg), "avx512_bf16")
+    # by hand: warm_start, ablation_s0 and mempo_s0 run the memory agent; react_warm_start and react_s0 full history,
+    # each 10 two-objective tasks at 0.97 s an objective (EPYC, float32), times 2.6 for full history
+    memory, full = r["startup"] + 20 * 0.97, r["startup"] + 20 * 0.97 * 2.6
+    assert got["checkpoints"] == 5
+    torch.testing.assert_close(got["eval"], 3 * memory + 2 * full)
+
+
 def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_holds(tmp_path, monkeypatch) -> None:
     """A finished one-arm study's evaluation (warm start, ablation seed 0), then the MemPO arm added: only MemPO's
     checkpoint is expected to be evaluated, while every checkpoint's memories are scored again."""
