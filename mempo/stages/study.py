@@ -236,7 +236,7 @@ def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], k
     held |= {label for label in folders if ledger is not None and (ledger / label / EVAL_FILE).is_file()}
     ready = {label: f for label, f in folders.items() if (f / "config.json").is_file() and label not in held}
     kept = held | (comparable_checkpoints(cfg, ready, run_path(cfg) / "eval") if ready else set())
-    agents = {WARM_LABELS[a]: a for a in warm_agents(cfg)} | {f"{a}_s{s}": arm_agent(cfg, a) for a, s in runs}
+    agents = label_agents(cfg, runs)
 
     def evaluation(label: str) -> float:
         factor = FULL_HISTORY_EVAL_FACTOR if agents[label] == "full_history" else 1.0
