@@ -130,17 +130,18 @@ def command_line_keys(cfg: DictConfig) -> set[str]:
 # task of N objectives counts N), an RL step per rollout, in-training validation (RL's float32 engine) and the final
 # evaluation (eval.engine_dtype=auto: bf16 where the CPU has it) per held-out objective and checkpoint, and each
 # phase's start-up (model load, the vLLM engine). "amx": the main job's phases on a 2-core AMX Xeon, alone (627 s:
-# warm start 382, RL 147 of which validation 42, evaluation 97). "avx512_bf16" (no AMX): the earlier rates times 0.72,
-# the ratio of a 2-core AVX512-BF16 EPYC's measured main job (15 min 42 s) to what they said (22 min); its phases
-# were not timed apart. "avx2": no native bf16, trains and evaluates in float32 (the warm start and the evaluation
-# measured there on an earlier recipe; the RL step scaled by 2.7, the ratio measured between the kinds for training).
+# warm start 382, RL 147 of which validation 42, evaluation 97). "avx512_bf16" (no AMX): the mean phases of the main
+# job's two runs alone with today's defaults on a 2-core Zen 4 EPYC (933 and 834 s: warm start 604 / 542, RL 180 /
+# 150, evaluation 149 / 142), validation at the earlier rate; each run is within 6% of their mean. "avx2": no native
+# bf16, trains and evaluates in float32 (the warm start and the evaluation measured there on an earlier recipe; the RL
+# step scaled by 2.7, the ratio measured between the kinds for training).
 DEMO_RATES: dict[str, dict[str, float]] = {
     "amx": {"sft_objective": 1.24, "rl_rollout": 2.83, "val_objective": 1.31, "eval_objective": 0.18, "startup": 25.0},
     "avx512_bf16": {
-        "sft_objective": 2.08,
-        "rl_rollout": 3.55,
+        "sft_objective": 1.90,
+        "rl_rollout": 3.15,
         "val_objective": 1.23,
-        "eval_objective": 0.46,
+        "eval_objective": 0.37,
         "startup": 25.0,
     },
     "avx2": {"sft_objective": 5.1, "rl_rollout": 13.0, "val_objective": 2.5, "eval_objective": 2.5, "startup": 40.0},
