@@ -377,3 +377,19 @@ def test_rl_throughput_runs_two_sides_of_a_tiny_recipe(tmp_path):
     for s in (base, cand):  # each run's own line of its resolved speed switches, carried into the JSON and printed
         assert s["settings"].startswith("sampler hf; old log-probs sampler (optim.old_logp=auto); update eager")
         assert f"{s['label']} ({s['commit']['short']}): {s['settings']}" in out.stdout
+
+
+def test_turn_occupancy_counts_the_synchronous_loop_s_decode_steps(tmp_path):
+    import torch
+
+    from benchmarks.turn_occupancy import batch_figures, main
+
+    # by hand: rollouts of 10 + 20 and 30 tokens; the loop decodes max(10, 30) + 20 = 50 steps for 60 tokens in 2 rows
+    # (occupancy 60 / 100), and the longest rollout alone needs 30 (50 / 30)
+    torch.testing.assert_close(batch_figures([[10, 20], [30]]), (0.6, 50 / 30))
+    traces = ([10, 20], [30])
+    rows = [{"checkpoint": "c", "objectives": 2, "trace": [{"generated_tokens": g} for g in t]} for t in traces]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    main([str(tmp_path / "results.jsonl"), "--batch", "2"])
+    with pytest.raises(SystemExit, match="no rows of checkpoint 'x'"):
+        main([str(tmp_path / "results.jsonl"), "--checkpoint", "x"])
