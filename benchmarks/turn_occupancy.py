@@ -17,9 +17,10 @@ timed: no machine kind applies.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from mempo.eval.report import read_records
 
 
 def batch_figures(tokens: list[list[int]]) -> tuple[float, float]:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", help="only this checkpoint's rows (default: the first one in the file)")
     parser.add_argument("--batch", type=int, default=32, help="rollouts a batch (an RL step's B x G; default 32)")
     args = parser.parse_args(argv)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    rows = read_records(args.results)
     if not rows:
         raise SystemExit(f"{args.results}: no rows")
     checkpoint = args.checkpoint or rows[0]["checkpoint"]

@@ -388,7 +388,8 @@ def test_turn_occupancy_counts_the_synchronous_loop_s_decode_steps(tmp_path):
     # (occupancy 60 / 100), and the longest rollout alone needs 30 (50 / 30)
     torch.testing.assert_close(batch_figures([[10, 20], [30]]), (0.6, 50 / 30))
     traces = ([10, 20], [30])
-    rows = [{"checkpoint": "c", "objectives": 2, "trace": [{"generated_tokens": g} for g in t]} for t in traces]
+    rows = [{"checkpoint": "c", "agent": "memory", "objectives": 2, "task_id": f"val-n2-{i}",
+             "trace": [{"generated_tokens": g} for g in t]} for i, t in enumerate(traces)]  # fmt: skip
     (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     main([str(tmp_path / "results.jsonl"), "--batch", "2"])
     with pytest.raises(SystemExit, match="no rows of checkpoint 'x'"):
