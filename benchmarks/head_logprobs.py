@@ -1,5 +1,6 @@
 """The update's output head: log-probs of given tokens through SmolLM2's head, forward + backward, with the fused
-backward (``mempo.lm.logprobs.LinearHeadLogProb``) against the checkpointed one it replaced.
+backward (``mempo.lm.logprobs.LinearHeadLogProb``) against the checkpointed one it replaced, and for a frozen head
+the fused path with its gradient computed in the forward (``optim.head_grad_in_forward``: no recompute).
 
     python -m benchmarks.head_logprobs                              # 4,096 rows, float32 and bf16 autocast
     python -m benchmarks.head_logprobs --isa AVX512_CORE_BF16       # oneDNN as on a CPU without AMX
@@ -10,7 +11,9 @@ Each (precision, variant) runs ``--repeats`` times after one warm-up on the same
 that is frozen (top-layers RL: SmolLM2's head is tied to its frozen embedding) or trained (``--head-trains``), in
 chunks of 256 rows (``head_logprobs``' default), with a signed per-token weight on the log-probs (as an advantage).
 Printed: the median seconds of each, the ratio checkpointed / fused, and whether the log-probs and the hidden
-states' gradients agree bit for bit (they should: the fused backward is the same arithmetic). ``--isa`` sets
+states' gradients agree bit for bit (they should: the fused backward is the same arithmetic); for a frozen head also
+fused / in-forward and the in-forward gradient's largest difference from the fused one relative to its largest entry
+(rounding only: bf16 rounds the gradient before the per-row weight multiplies it, not after). ``--isa`` sets
 ``ONEDNN_MAX_CPU_ISA`` for a child process that does the timing (oneDNN reads it once, at its first matmul).
 """
 
@@ -61,27 +64,36 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     y = torch.randint(0, VOCAB, (args.rows,), generator=gen)
     weights = torch.randn(args.rows, generator=gen)
 
-    def once(precision: str, fused: bool) -> tuple[float, Any, Any]:
+    variants = {"checkpointed": {"fused": False}, "fused": {"fused": True}}
+    if not args.head_trains:
+        variants["in_forward"] = {"fused": True, "grad_in_forward": True}
+
+    def once(precision: str, variant: str) -> tuple[float, Any, Any]:
         head.zero_grad(set_to_none=True)
         h = h0.clone().requires_grad_(True)
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16_autocast"):
-            logp, _ = head_logprobs(head, h, y, chunk_size=CHUNK, fused=fused)
+            logp, _ = head_logprobs(head, h, y, chunk_size=CHUNK, **variants[variant])
             (weights * logp).sum().backward()
         return time.perf_counter() - start, logp.detach(), h.grad
 
     out: dict[str, Any] = {}
     for precision in args.precisions:
         row: dict[str, Any] = {}
-        for variant, fused in (("checkpointed", False), ("fused", True)):
-            once(precision, fused)  # warm-up: kernel choice, allocator
-            times = [once(precision, fused)[0] for _ in range(args.repeats)]
+        for variant in variants:
+            once(precision, variant)  # warm-up: kernel choice, allocator
+            times = [once(precision, variant)[0] for _ in range(args.repeats)]
             row[variant] = {"median_s": statistics.median(times), "times_s": times}
             log(f"{precision} {variant}: median {row[variant]['median_s']:.3f} s over {args.repeats}")
-        _, lp_f, g_f = once(precision, True)
-        _, lp_c, g_c = once(precision, False)
+        _, lp_f, g_f = once(precision, "fused")
+        _, lp_c, g_c = once(precision, "checkpointed")
         row["ratio"] = row["checkpointed"]["median_s"] / row["fused"]["median_s"]
         row["bit_identical"] = bool(torch.equal(lp_f, lp_c) and torch.equal(g_f, g_c))
+        if "in_forward" in variants:
+            _, lp_i, g_i = once(precision, "in_forward")
+            row["in_forward_ratio"] = row["fused"]["median_s"] / row["in_forward"]["median_s"]
+            row["in_forward_logp_identical"] = bool(torch.equal(lp_i, lp_f))
+            row["in_forward_grad_rel_diff"] = float((g_i - g_f).abs().max() / g_f.abs().max())
         out[precision] = row
     return out
 
@@ -108,11 +120,22 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nOutput head forward + backward, {args.rows} rows of SmolLM2's head (576 x 49,152), chunks of {CHUNK}, "
           f"head {'trained' if args.head_trains else 'frozen'}; {kind['label']} ({kind['cpu']}), {kind['cores']} "
           f"cores, ONEDNN_MAX_CPU_ISA={isa or '(not set)'}\n")  # fmt: skip
-    print("| precision | checkpointed s | fused s | checkpointed / fused | bit for bit |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| precision | checkpointed s | fused s | checkpointed / fused | bit for bit |"
+        + ("" if args.head_trains else " in-forward s | fused / in-forward | log-probs equal | gradient rel. diff |")
+    )
+    print("| --- | --- | --- | --- | --- |" + ("" if args.head_trains else " --- | --- | --- | --- |"))
     for precision, row in res["results"].items():
-        print(f"| {precision} | {row['checkpointed']['median_s']:.3f} | {row['fused']['median_s']:.3f} | "
-              f"{row['ratio']:.2f}x | {'yes' if row['bit_identical'] else 'NO'} |")  # fmt: skip
+        line = (
+            f"| {precision} | {row['checkpointed']['median_s']:.3f} | {row['fused']['median_s']:.3f} | "
+            f"{row['ratio']:.2f}x | {'yes' if row['bit_identical'] else 'NO'} |"
+        )
+        if "in_forward" in row:
+            line += (
+                f" {row['in_forward']['median_s']:.3f} | {row['in_forward_ratio']:.2f}x | "
+                f"{'yes' if row['in_forward_logp_identical'] else 'NO'} | {row['in_forward_grad_rel_diff']:.1e} |"
+            )
+        print(line)
     print(f"\nwritten: {args.json}")
 
 

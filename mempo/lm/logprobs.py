@@ -39,6 +39,7 @@ def token_logprobs(
     temperature: float = 1.0,
     score_mask: Tensor | None = None,
     shared_prefix: bool = False,
+    head_grad_in_forward: bool = False,
 ) -> Tensor:
     """input_ids, attention_mask [N, T] -> logp [N, T] float32 (float64 for a float64 model).
 
@@ -50,12 +51,15 @@ def token_logprobs(
     the cost with a 49k-150k vocabulary, run only where a log-prob is used.
     shared_prefix: compute the leading tokens every row shares once (``mempo.lm.shared_prefix``; right padding, SDPA
     attention, an unsharded model): the same log-probs up to the order of float additions.
+    head_grad_in_forward: a frozen output head's gradient with respect to the hidden states computed in the forward
+    (``head_logprobs``); the same log-probs, the same gradient up to bf16 rounding.
     """
-    if shared_prefix:
+    if shared_prefix or head_grad_in_forward:
         if getattr(model, TOKEN_STATS_METHOD, None) is not None:
-            raise ValueError("optim.shared_prefix: not for a sharded model (FSDP); set optim.shared_prefix=false")
+            key = "optim.shared_prefix" if shared_prefix else "optim.head_grad_in_forward"
+            raise ValueError(f"{key}: not for a sharded model (FSDP); set {key}=false")
         logp, _ = local_token_stats(model, input_ids, attention_mask, chunk_size, temperature, False, score_mask,
-                                    shared_prefix=True)  # fmt: skip
+                                    shared_prefix=shared_prefix, head_grad_in_forward=head_grad_in_forward)  # fmt: skip
         return logp
     logp, _ = _token_stats(model, input_ids, attention_mask, chunk_size, temperature, False, score_mask)
     return logp
@@ -105,6 +109,7 @@ def local_token_stats(
     score_mask: Tensor | None = None,
     *,
     shared_prefix: bool = False,
+    head_grad_in_forward: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
         raise ValueError(
@@ -155,8 +160,9 @@ def local_token_stats(
     targets = input_ids[:, 1:][scored]  # [M]
 
     lp, ent = head_logprobs(
-        head, rows, targets, chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy
-    )
+        head, rows, targets, chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy,
+        grad_in_forward=head_grad_in_forward,
+    )  # fmt: skip
 
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     out_logp = hidden.new_zeros((n, t - 1), dtype=dtype).masked_scatter(scored, lp.to(dtype))
@@ -176,6 +182,7 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     fused: bool = True,
+    grad_in_forward: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """hidden [M, H] (each row the state that predicts one token), targets [M] -> (logp [M], entropy [M]) float32
     (float64 for a float64 head); entropy is all zeros unless ``with_entropy``.
@@ -189,6 +196,11 @@ def head_logprobs(
     weight gradients add up in the same dtype as through the checkpoint (``tests/lm/test_logprobs.py`` covers both);
     its first version cast once always, and trained the main job's warm start to other weights. With it on, the main
     job's warm start is bit-identical to the checkpointed path's (2026-12-07, Zen 4 EPYC, bf16).
+    ``grad_in_forward`` (a frozen head only, else a ValueError; log-probs alone): the fused path computes each chunk's
+    d logp / d hidden in the forward, where the logits are at hand, and its backward only scales it by the incoming
+    per-row gradient: two [C, H] x [H, V]-sized matmuls a chunk instead of three (no recompute). The log-probs are the
+    same bit for bit; the hidden states' gradient is the same up to rounding (bf16 under autocast: the incoming
+    gradient multiplies after the matmul's rounding instead of before).
     """
 
     def chunk_stats(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -205,6 +217,12 @@ def head_logprobs(
 
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     fused = fused and recompute and not with_entropy and type(head) is torch.nn.Linear  # not LoRA- or FSDP-wrapped
+    if grad_in_forward and any(p.requires_grad for p in head.parameters()):
+        raise ValueError(
+            "head_grad_in_forward needs a frozen output head (its weight takes no gradient); this head trains: "
+            "set optim.head_grad_in_forward=false or freeze it (model.train_top_layers)"
+        )
+    grad_in_forward = grad_in_forward and fused and hidden.requires_grad
     device = hidden.device.type
     # Autocast with its cache (torch's default) casts the weight once for every chunk, so their gradients add up in
     # bf16 before the cast's backward; without it (Lightning's autocast: cache_enabled=False) each chunk casts its own
@@ -219,7 +237,7 @@ def head_logprobs(
         if fused:
             if not once:
                 weight, bias = autocast_params(head, device)
-            lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head, shared)
+            lp = LinearHeadLogProb.apply(h, weight, bias, y, temperature, head, shared, grad_in_forward)
             logp_parts.append(lp)
             ent_parts.append(torch.zeros_like(lp))
             continue
@@ -244,7 +262,9 @@ class LinearHeadLogProb(torch.autograd.Function):
     per chunk where it does not, so the chunks' gradients add up in the dtype they would); they take the gradients
     and are not saved (backward casts the head's own again, as the checkpoint's recompute did: no [V, H] copy lives
     until backward).
-    ``tests/lm/test_logprobs.py`` checks the log-probs and gradients equal the checkpointed path's bit for bit."""
+    ``tests/lm/test_logprobs.py`` checks the log-probs and gradients equal the checkpointed path's bit for bit.
+    ``grad_in_forward`` (a frozen head): forward also computes d logp / d h = (onehot(y) - softmax(x)) / T @ W from the
+    logits it has and saves that [C, H] instead of h; backward multiplies it by g: no recompute, one matmul less."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -256,6 +276,7 @@ class LinearHeadLogProb(torch.autograd.Function):
         temperature: float,
         head: torch.nn.Linear,
         shared: dict[str, Any],
+        grad_in_forward: bool = False,
     ) -> Tensor:
         device = h.device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
@@ -265,27 +286,33 @@ class LinearHeadLogProb(torch.autograd.Function):
         if temperature != 1.0:
             x = x / temperature
         logz = x.logsumexp(-1)  # [C]
+        logp = x.gather(-1, y[:, None]).squeeze(-1) - logz
+        ctx.has_bias = bias is not None
+        ctx.grad_in_forward, ctx.h_dtype = grad_in_forward, h.dtype
+        if grad_in_forward:  # a frozen head: d logp / d h now, from the logits at hand; backward scales it per row
+            dlogits = _logsumexp_and_gather_grad(x, logz, y, torch.ones_like(logz), temperature).to(weight.dtype)
+            ctx.save_for_backward(dlogits.mm(weight.to(dlogits.dtype)))  # [C, H]: no [C, V] lives until backward
+            return logp
         # Not the weight: its cast is made again in backward (as the checkpoint's recompute did), so no [V, H] copy
         # lives from forward to backward (the GPU memory plan counts none: tests/capacity/test_gpu_memory.py).
         ctx.save_for_backward(h, y, logz)
-        ctx.has_bias = bias is not None
-        return x.gather(-1, y[:, None]).squeeze(-1) - logz
+        return logp
 
     @staticmethod
     @once_differentiable  # no double backward (the recompute runs without a graph)
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        if ctx.grad_in_forward:
+            (dh_unit,) = ctx.saved_tensors  # d logp / d h of each row, [C, H]
+            return (g[:, None] * dh_unit).to(ctx.h_dtype), None, None, None, None, None, None, None
         h, y, logz = ctx.saved_tensors
         device, autocast, dtype = ctx.autocast
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=autocast):
             logits = ctx.head(h)  # the checkpoint's recompute
-        dx = logits.to(torch.promote_types(logits.dtype, torch.float32))  # x, then d x in place: a new tensor
-        if ctx.temperature != 1.0:  # (the recompute's own, or its float32 copy), three passes over [C, V]
-            dx = dx / ctx.temperature
-        dx.sub_(logz[:, None]).exp_().mul_(g.neg()[:, None])  # logsumexp's backward, of d logz = -g
-        dx.scatter_add_(-1, y[:, None], g[:, None])  # plus the gather's backward
+        # x, then d x in place: a new tensor (the recompute's own, or its float32 copy)
+        dx = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if ctx.temperature != 1.0:
-            dx.div_(ctx.temperature)
-        dlogits = dx.to(logits.dtype)  # the cast's backward
+            dx = dx / ctx.temperature
+        dlogits = _logsumexp_and_gather_grad(dx, logz, y, g, ctx.temperature).to(logits.dtype)  # the cast's backward
         shared = ctx.shared  # the chunks of one call cast the weight once in backward, freed after the last of them
         if shared["weight"] is None:
             shared["weight"] = ctx.head.weight.to(logits.dtype)
@@ -296,7 +323,17 @@ class LinearHeadLogProb(torch.autograd.Function):
         dh = dlogits.mm(w_c).to(h.dtype) if ctx.needs_input_grad[0] else None
         dw = dlogits.t().mm(h_c) if ctx.needs_input_grad[1] else None  # as autograd's mm_mat2_backward
         db = dlogits.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dh, dw, db, None, None, None, None
+        return dh, dw, db, None, None, None, None, None
+
+
+def _logsumexp_and_gather_grad(x: Tensor, logz: Tensor, y: Tensor, g: Tensor, temperature: float) -> Tensor:
+    """x [C, V] (float32 logits / temperature; overwritten) -> g * d(x[y] - logsumexp(x)) / d logits, in x's memory:
+    the gather's and logsumexp's backward, then the temperature's division's (three passes over [C, V])."""
+    x.sub_(logz[:, None]).exp_().mul_(g.neg()[:, None])  # logsumexp's backward, of d logz = -g
+    x.scatter_add_(-1, y[:, None], g[:, None])  # plus the gather's backward
+    if temperature != 1.0:
+        x.div_(temperature)
+    return x
 
 
 def autocast_params(head: torch.nn.Linear, device: str) -> tuple[Tensor, Tensor | None]:

@@ -117,6 +117,10 @@ class OptimConfig:
     shared_prefix: the update's forwards (and the old and reference log-probs' recomputes) compute the leading tokens
     every row of a micro-batch shares (the system prompt, the chat template's) once (``mempo.lm.shared_prefix``): the
     same objective, fewer positions computed (perf/update_positions); an unsharded policy with SDPA attention only.
+    head_grad_in_forward: the update's forward computes a frozen output head's gradient with respect to the hidden
+    states from the logits it has (``mempo.lm.logprobs.head_logprobs``): two vocabulary-wide matmuls a scored token
+    instead of three; the same log-probs, the same gradient up to bf16 rounding. Needs a frozen head (SmolLM2's tied
+    head under model.train_top_layers or LoRA; refused where the head trains) and an unsharded policy.
     """
 
     lr: float = 1e-6
@@ -132,6 +136,7 @@ class OptimConfig:
     fuse_old_logp: bool = True
     compile_update: bool | str = False
     shared_prefix: bool = False
+    head_grad_in_forward: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -186,6 +191,12 @@ class MemPOModule(L.LightningModule):
         self.tokenizer, self.env, self.builder = tokenizer, env, builder
         if optim.old_logp == "auto" or optim.compile_update == "auto":
             raise ValueError("optim.old_logp / compile_update=auto must be resolved before the module (builders)")
+        head = policy.get_output_embeddings()
+        if optim.head_grad_in_forward and (head is None or any(p.requires_grad for p in head.parameters())):
+            raise ValueError(
+                "optim.head_grad_in_forward needs a frozen output head, and this policy's trains (model."
+                "train_top_layers=null with tied embeddings trains it): set model.train_top_layers or set it to false"
+            )
         self.agent, self.sampling, self.loss_cfg, self.memory_cfg, self.optim_cfg = agent, sampling, loss, memory, optim
         self.advantage_cfg = advantage
         self.group_size, self.reward_kind, self.seed = group_size, reward_kind, seed
@@ -688,6 +699,7 @@ class MemPOModule(L.LightningModule):
                             score_mask=mb(x.response_mask),
                             temperature=self.logp_temperature,
                             shared_prefix=self.optim_cfg.shared_prefix,
+                            head_grad_in_forward=self.optim_cfg.head_grad_in_forward,
                         )
                         if fused:  # the no-grad recompute's very numbers: the same forward over the same micro-batch
                             old_logp[sl] = logp.detach().float().cpu()

@@ -238,7 +238,8 @@ def speed_settings_line(cfg: DictConfig) -> str:
     """The RL run's speed switches as this machine resolves them, each with its key: the engine's dtype
     (``sampler.dtype``), whether vLLM compiles it (``sampler.enforce_eager``, by the run's length), where the old
     log-probs come from and whether the update is compiled (``build_optim_config``), the update's precision
-    (``trainer.precision``), and the CPU kind they were resolved for (``mempo.core.hardware.rate_kind``)."""
+    (``trainer.precision``), its two switches that compute less (``optim.shared_prefix``,
+    ``optim.head_grad_in_forward``), and the CPU kind they were resolved for (``mempo.core.hardware.rate_kind``)."""
     optim = build_optim_config(cfg)
 
     def key(v: Any) -> str:  # as it is written on the command line
@@ -256,8 +257,10 @@ def speed_settings_line(cfg: DictConfig) -> str:
     where = f" on a CPU of kind {rate_kind()}" if t.accelerator == "cpu" else ""
     return (
         f"{engine}; old log-probs {optim.old_logp} (optim.old_logp={cfg.optim.old_logp}); update {compiled} "
-        f"(optim.compile_update={key(cfg.optim.compile_update)}) in {precision} (trainer.precision={t.precision})"
-        f"{where}"
+        f"(optim.compile_update={key(cfg.optim.compile_update)}) in {precision} (trainer.precision={t.precision}), "
+        f"shared prefix {'on' if optim.shared_prefix else 'off'} (optim.shared_prefix={key(optim.shared_prefix)}), "
+        f"head gradient in {'forward' if optim.head_grad_in_forward else 'backward'} "
+        f"(optim.head_grad_in_forward={key(optim.head_grad_in_forward)}){where}"
     )
 
 

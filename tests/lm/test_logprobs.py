@@ -205,3 +205,68 @@ def test_the_fused_head_backward_is_the_checkpointed_one_bit_for_bit(autocast, t
     assert len(results[0]) == 2 + head_trains * (1 + bias)
     for fused_value, checkpointed_value in zip(*results, strict=True):
         assert torch.equal(fused_value, checkpointed_value)
+
+
+@pytest.mark.parametrize("autocast", [False, "cached", "uncached"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_frozen_head_s_gradient_computed_in_forward_is_the_recomputed_one(autocast, temperature, bias) -> None:
+    """grad_in_forward against the checkpointed path (autograd's own backward) and against float64 autograd: the same
+    log-probs bit for bit, the same hidden-state gradient up to the matmul dtype's rounding."""
+    gen = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(48, 500, bias=bias).requires_grad_(False)
+    h0 = torch.randn(37, 48, generator=gen)
+    y = torch.randint(0, 500, (37,), generator=gen)
+    weights = torch.randn(37, generator=gen)
+    out = {}
+    for path in ("in_forward", "checkpointed"):
+        h = h0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(autocast), cache_enabled=autocast == "cached"):
+            if path == "in_forward":
+                logp, _ = head_logprobs(head, h, y, chunk_size=16, temperature=temperature, grad_in_forward=True)
+            else:
+                logp = checkpointed_head_logprobs(head, h, y, temperature, chunk=16)
+            (weights * logp).sum().backward()
+        out[path] = (logp.detach(), h.grad)
+    assert torch.equal(out["in_forward"][0], out["checkpointed"][0])
+    head64 = torch.nn.Linear(48, 500, bias=bias).double().requires_grad_(False)
+    head64.load_state_dict({k: v.double() for k, v in head.state_dict().items()})
+    h64 = h0.double().requires_grad_(True)
+    (weights.double() * (head64(h64) / temperature).log_softmax(-1).gather(-1, y[:, None]).squeeze(-1)).sum().backward()
+    exact = h64.grad.float()
+    if autocast:  # bf16 matmuls: both paths round the gradient to bf16 (8 bits of mantissa), in another order
+        tol = {"rtol": 1.6e-2, "atol": 2e-3}
+        torch.testing.assert_close(out["in_forward"][1], out["checkpointed"][1], **tol)
+        err_new = (out["in_forward"][1] - exact).abs().max()
+        err_old = (out["checkpointed"][1] - exact).abs().max()
+        assert err_new <= 2 * err_old, (err_new, err_old)
+    else:
+        torch.testing.assert_close(out["in_forward"][1], out["checkpointed"][1])
+        torch.testing.assert_close(out["in_forward"][1], exact)
+
+
+def test_the_gradient_in_forward_refuses_a_trained_head() -> None:
+    head = torch.nn.Linear(8, 20)
+    h = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="frozen output head"):
+        head_logprobs(head, h, torch.zeros(4, dtype=torch.long), grad_in_forward=True)
+
+
+def test_token_logprobs_with_the_head_gradient_in_forward_trains_the_decoder_alike(tiny_policy) -> None:
+    """Through the whole model (tied, frozen embeddings and head; the decoder trains): the same log-probs and the
+    same decoder gradients. In float64: in float32 the gradient's two orders of rounding (the per-row weight before or
+    after the head's matmul) differ by 1e-5 relative to the largest entry, which says nothing about the math."""
+    model, _ = tiny_policy
+    model.double().get_input_embeddings().requires_grad_(False)
+    input_ids, attention_mask = batch()
+    weights = torch.randn(3, 12, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for in_forward in (True, False):
+        model.zero_grad()
+        logp = token_logprobs(model, input_ids, attention_mask, chunk_size=5, head_grad_in_forward=in_forward)
+        (weights * logp).sum().backward()
+        grads.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert grads[0][1].keys() == grads[1][1].keys() and len(grads[0][1]) > 0
+    for name in grads[0][1]:
+        torch.testing.assert_close(grads[0][1][name], grads[1][1][name], msg=name)

@@ -158,7 +158,15 @@ def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...
     bf16_engine = "auto" in expected and cpu_has_bf16()  # auto: a bf16 engine where the CPU has native bf16
     assert line.startswith("engine bfloat16" if bf16_engine else "engine float32")
     assert ("update compiled" in line) == bf16_engine  # compile_update=auto follows the recomputed old log-probs
+    assert (
+        "shared prefix off (optim.shared_prefix=false), head gradient in backward (optim.head_grad_in_forward=false)"
+        in line
+    )
     assert line.endswith(f"on a CPU of kind {rate_kind()}")
+    on = speed_settings_line(compose_config(*overrides, "optim.shared_prefix=true", "optim.head_grad_in_forward=true"))
+    assert (
+        "shared prefix on (optim.shared_prefix=true), head gradient in forward (optim.head_grad_in_forward=true)" in on
+    )
 
 
 @pytest.mark.parametrize(
