@@ -394,3 +394,25 @@ def test_turn_occupancy_counts_the_synchronous_loop_s_decode_steps(tmp_path):
     main([str(tmp_path / "results.jsonl"), "--batch", "2"])
     with pytest.raises(SystemExit, match="no rows of checkpoint 'x'"):
         main([str(tmp_path / "results.jsonl"), "--checkpoint", "x"])
+
+
+def test_engine_split_counts_the_linear_weights_and_splits_a_decode_step(tiny_policy):
+    import torch
+
+    from benchmarks.engine_split import figures, linear_params, split
+
+    model, _ = tiny_policy
+    decoder, head = linear_params(model.config.to_dict())
+    linears = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    assert decoder == sum(m.weight.numel() for m in linears)  # counted from the module tree, not the config
+    assert head == model.get_output_embeddings().weight.numel()
+    # by hand: 10 decode steps that took 3.0 - 1.0 s; B = 4 rows of 100 prompt tokens, 1,000 + 200 weights, bf16
+    assert split(1.0, 3.0, 10) == pytest.approx(0.2)
+    got = figures(4, 100, 1.0, 0.2, decoder=1000, head=200, bytes_per_weight=2)
+    assert got["prefill_tok_per_s"] == pytest.approx(400)
+    assert got["prefill_gflops"] == pytest.approx((2 * 1000 * 400 + 2 * 200 * 4) / 1e9)
+    assert got["decode_tok_per_s"] == pytest.approx(20) and got["decode_step_ms"] == pytest.approx(200)
+    assert got["decode_gflops"] == pytest.approx(2 * 1200 * 4 / 0.2 / 1e9)
+    assert got["decode_weight_gb_per_s"] == pytest.approx(1200 * 2 / 0.2 / 1e9)
+    with pytest.raises(ValueError, match="decode_tokens"):
+        split(1.0, 3.0, 0)
