@@ -35,13 +35,23 @@ from benchmarks.common import RESULTS, ROOT, log, write_json
 from benchmarks.rl_throughput import machine_kind, resolve_warm_start, run_side
 from mempo.models.profiling import markdown
 
-SETTINGS = {  # each names its precision and every update switch, whatever the recipe's defaults
-    "bf16_compiled": ["trainer.precision=bf16-mixed", "optim.compile_update=true", "optim.shared_prefix=false"],
-    "bf16_eager": ["trainer.precision=bf16-mixed", "optim.compile_update=false", "optim.shared_prefix=false"],
-    "bf16_compiled_shared": ["trainer.precision=bf16-mixed", "optim.compile_update=true", "optim.shared_prefix=true"],
-    "bf16_eager_shared": ["trainer.precision=bf16-mixed", "optim.compile_update=false", "optim.shared_prefix=true"],
-    "float32_eager": ["trainer.precision=32-true", "optim.compile_update=false", "optim.shared_prefix=false"],
-    "float32_compiled": ["trainer.precision=32-true", "optim.compile_update=true", "optim.shared_prefix=false"],
+
+def setting(precision: str, compiled: bool, shared: bool = False, head_in_forward: bool = False) -> list[str]:
+    """Overrides that name the precision and every update switch, whatever the recipe's defaults."""
+    on = {True: "true", False: "false"}
+    return [f"trainer.precision={precision}", f"optim.compile_update={on[compiled]}",
+            f"optim.shared_prefix={on[shared]}", f"optim.head_grad_in_forward={on[head_in_forward]}"]  # fmt: skip
+
+
+SETTINGS = {
+    "bf16_compiled": setting("bf16-mixed", True),
+    "bf16_eager": setting("bf16-mixed", False),
+    "bf16_compiled_shared": setting("bf16-mixed", True, shared=True),
+    "bf16_eager_shared": setting("bf16-mixed", False, shared=True),
+    "bf16_compiled_shared_headfwd": setting("bf16-mixed", True, shared=True, head_in_forward=True),
+    "bf16_eager_shared_headfwd": setting("bf16-mixed", False, shared=True, head_in_forward=True),
+    "float32_eager": setting("32-true", False),
+    "float32_compiled": setting("32-true", True),
 }
 COMMON = [
     "+exp=grpo_cpu_fast",
