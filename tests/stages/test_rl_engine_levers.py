@@ -163,9 +163,16 @@ def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...
         in line
     )
     assert line.endswith(f"on a CPU of kind {rate_kind()}")
-    on = speed_settings_line(compose_config(*overrides, "optim.shared_prefix=true", "optim.head_grad_in_forward=true"))
+    # Each switch on alone: the line reads each from its own key.
+    shared = speed_settings_line(compose_config(*overrides, "optim.shared_prefix=true"))
     assert (
-        "shared prefix on (optim.shared_prefix=true), head gradient in forward (optim.head_grad_in_forward=true)" in on
+        "shared prefix on (optim.shared_prefix=true), head gradient in backward (optim.head_grad_in_forward=false)"
+        in shared
+    )
+    head = speed_settings_line(compose_config(*overrides, "optim.head_grad_in_forward=true"))
+    assert (
+        "shared prefix off (optim.shared_prefix=false), head gradient in forward (optim.head_grad_in_forward=true)"
+        in head
     )
 
 
