@@ -112,12 +112,14 @@ STUDY_RL_ROLLOUT_S = {"amx": 2.2, "avx512_bf16": 2.9, "avx2": 2.2 * AVX2_SCALE}
 # every 10 steps and both compilations included; a 40-step grpo_cpu_40 run took about 50 min on a 2-core AVX512-BF16
 # EPYC (2.35 s a rollout). On AVX2 the fast path's switches resolve off: STUDY_RL_ROLLOUT_S.
 FAST_PATH_ROLLOUT_S = {"amx": 1.45, "avx512_bf16": 2.35}
-# A run that scores its memories (mempo.losses.scores_memories) against the same recipe without, in the MemPO study
-# (grpo_cpu_40, 40 steps, 2-core AMX Xeon; docs/results.md): the three MemPO seeds' step times 2.23x, 2.32x and 1.56x
-# their ablation seeds', mean 2.0. Seed 5, the one that ran alone throughout, is the 1.56x: the scoring forward
-# (10-12 s a step) and every row updated (A^M is nonzero where A^T is 0); seeds 3-4 also generated at 0.6-0.7x the
-# ablation's rate, not explained.
-MEMORY_SCORING_FACTOR = 2.0
+# A run that scores its memories (mempo.losses.scores_memories) against the same recipe without, per CPU kind. In the
+# MemPO study (grpo_cpu_40, 40 steps, 2-core AMX Xeon; docs/results.md): the three MemPO seeds' step times 2.23x, 2.32x
+# and 1.56x their ablation seeds', mean 2.0. Seed 5, the one that ran alone throughout, is the 1.56x: the scoring
+# forward (10-12 s a step) and every row updated (A^M is nonzero where A^T is 0); seeds 3-4 also generated at 0.6-0.7x
+# the ablation's rate, not explained. On the 2-core AVX512-BF16 EPYC, the horizon study's world 1 (both runs alone,
+# 128-token turns): MemPO seed 3's 40 steps took 4,447 s against the ablation seed 5's 2,876 s, 1.55x (medians a step:
+# scoring 20.9 s, the update 57.5 s for 35k tokens against 42.9 s for 26k). AVX2 takes the AMX Xeon's (not measured).
+MEMORY_SCORING_FACTOR = {"amx": 2.0, "avx512_bf16": 1.55, "avx2": 2.0}
 # Seconds per memory scored by the fixed scorer (SmolLM2-135M warm start, bf16 autocast, micro-batches of 8) and the
 # memories per task per objective an evaluation leaves: S1 scored 3727 memories of 7 x 128 two-question tasks in 177 s
 # on a 2-core AMX Xeon (0.047 s each, the scorer's loading included; 2.08 a task-objective); the AVX512-BF16 kind
@@ -204,11 +206,11 @@ def rl_rollout_s(c: DictConfig, kind: str) -> float:
     """Seconds per rollout of one arm-seed run of config ``c`` on a 2-core CPU of ``kind``: the grpo_cpu family's
     measured rate where only the top layers train (``STUDY_RL_ROLLOUT_S``; ``FAST_PATH_ROLLOUT_S`` when its engine runs
     in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``); times
-    ``MEMORY_SCORING_FACTOR`` for a top-layers run that scores its memories (``mempo.losses.scores_memories``; the
+    ``MEMORY_SCORING_FACTOR[kind]`` for a top-layers run that scores its memories (``mempo.losses.scores_memories``; the
     rates above are ablations')."""
     if not c.model.train_top_layers:
         return DEMO_RATES[kind]["rl_rollout"]
-    scoring = MEMORY_SCORING_FACTOR if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
+    scoring = MEMORY_SCORING_FACTOR[kind] if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
     if kind in FAST_PATH_ROLLOUT_S and c.sampler.get("dtype") in ("auto", "bfloat16"):
         return FAST_PATH_ROLLOUT_S[kind] * scoring
     return STUDY_RL_ROLLOUT_S[kind] * scoring

@@ -159,6 +159,20 @@ def test_the_expected_rl_time_follows_the_recipe(tmp_path: Path, recipe: str, ki
     torch.testing.assert_close(got["runs"], DEMO_RATES[kind]["startup"] + 40 * 32 * per_rollout)
 
 
+@pytest.mark.parametrize("kind", ["amx", "avx512_bf16"])
+def test_a_run_that_scores_its_memories_is_priced_at_its_kinds_factor(tmp_path: Path, kind: str) -> None:
+    cfg = compose_config("+exp=study", f"run_dir={tmp_path}", "study.recipe=grpo_cpu_40", "study.seeds=[0]",
+                         "trainer.max_steps=40", "study.warm_start=x")  # fmt: skip
+    runs = arm_seed_configs(cfg)
+    assert sorted(a for a, _ in runs) == ["ablation", "mempo"]
+    got = expected_seconds(cfg, runs, kind)
+    # by hand, the factors measured per kind (the MemPO study on the AMX Xeon: 2.0; world 1 of the horizon study on
+    # the EPYC: 4,447 / 2,876 s = 1.55): the ablation at the fast path's rate, MemPO at that rate times the factor
+    rate, factor = {"amx": (1.45, 2.0), "avx512_bf16": (2.35, 1.55)}[kind]
+    startup = DEMO_RATES[kind]["startup"]
+    torch.testing.assert_close(got["runs"], 2 * startup + 40 * 32 * rate * (1 + factor))
+
+
 @pytest.mark.parametrize(
     ("holds", "expected"),
     [
