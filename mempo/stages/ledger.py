@@ -93,8 +93,19 @@ def entry_result(label: str, entry: dict[str, Any], cfg: DictConfig, *, weights:
 def write_entry(ledger: Path, label: str, cfg: DictConfig, *, weights: str, result: GridResult,
                 run_folder: Path | None) -> Path:  # fmt: skip
     """``<ledger>/<label>/``: the evaluation of ``label`` (``result``, only its own entries) with ``cfg`` (the
-    study's) and the evaluated weights' fingerprint, atomically, and copies of ``run_folder``'s ``RUN_FILES``."""
+    study's) and the evaluated weights' fingerprint, atomically, and copies of ``run_folder``'s ``RUN_FILES``. An
+    entry that already holds this evaluation (the same weights, config and results: a study run again that kept the
+    checkpoint's earlier results) is left as it is, so its time of writing stays the evaluation's."""
     folder = Path(ledger) / label
+    own = result.only({label})
+    entry = {"label": label, "weights": weights, "config": eval_config(cfg),
+             "result": json.loads(json.dumps({f: getattr(own, f) for f in GRID_FIELDS}, default=str))}  # fmt: skip
+    try:
+        old = read_entry(ledger, label)
+    except ValueError:  # a damaged entry is written anew
+        old = None
+    if old is not None and {k: old.get(k) for k in entry} == entry:
+        return folder / EVAL_FILE
     folder.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         source = Path(run_folder or folder) / name
@@ -107,9 +118,7 @@ def write_entry(ledger: Path, label: str, cfg: DictConfig, *, weights: str, resu
             tmp.replace(folder / f"{name}.gz")
         else:
             shutil.copyfile(source, folder / name)
-    own = result.only({label})
-    entry = {"label": label, "weights": weights, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
-             "config": eval_config(cfg), "result": {f: getattr(own, f) for f in GRID_FIELDS}}  # fmt: skip
+    entry = {"label": label, "weights": weights, "written": time.strftime("%Y-%m-%d %H:%M:%S")} | entry
     path = folder / EVAL_FILE
     tmp = temp_sibling(path)
     with gzip.open(tmp, "wt", encoding="utf-8") as f:

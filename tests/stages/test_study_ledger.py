@@ -118,6 +118,26 @@ def test_an_entry_keeps_only_its_own_results_and_a_damaged_one_is_named(tmp_path
         read_entry(tmp_path / "ledger", "mempo_s0")
 
 
+def test_an_entry_written_again_with_the_same_evaluation_keeps_its_time_of_writing(tmp_path, monkeypatch) -> None:
+    import mempo.stages.ledger as ledger_module
+
+    cfg = study_cfg(tmp_path / "run", tmp_path / "ledger")
+    path = tmp_path / "ledger" / "ablation_s0" / EVAL_FILE
+    written = []
+    for when, em in (("first", 1.0), ("second", 1.0), ("third", 0.5)):
+        monkeypatch.setattr(ledger_module.time, "strftime", lambda _fmt, when=when: when)
+        result = grid("warm_start", "ablation_s0")
+        result.rows[1]["em"] = em
+        write_entry(tmp_path / "ledger", "ablation_s0", cfg, weights="hf:0", result=result, run_folder=None)
+        written.append(read_entry(tmp_path / "ledger", "ablation_s0")["written"])
+    # the second call held the first's evaluation (a study run again keeps it): left as written; the third's differs
+    assert written == ["first", "first", "third"]
+    assert read_entry(tmp_path / "ledger", "ablation_s0")["result"]["rows"][0]["em"] == 0.5
+    path.write_bytes(gzip.compress(b"{damaged"))  # a damaged entry is written anew, not a crash
+    write_entry(tmp_path / "ledger", "ablation_s0", cfg, weights="hf:0", result=grid("ablation_s0"), run_folder=None)
+    assert read_entry(tmp_path / "ledger", "ablation_s0")["result"]["rows"][0]["em"] == 1.0
+
+
 def test_a_runs_memory_credit_records_are_kept_gzipd_and_read_back_by_the_diagnostics(tmp_path) -> None:
     run = tmp_path / "run"
     run.mkdir()
