@@ -13,6 +13,7 @@ gives the step's summary metrics (metrics.csv, W&B):
                               named (synthetic data only: it needs the chains)
 
     python -m mempo.eval.memory_credit RUN_DIR   # -> RUN_DIR/memory_credit.md and memory_credit.png
+    python -m mempo.eval.memory_credit RUN_DIR RUN_DIR ... --out DIR   # several runs side by side (runs_summary)
 """
 
 from __future__ import annotations
@@ -216,6 +217,53 @@ def summarize(records: Sequence[Mapping[str, Any]], *, low_p: float = 0.01) -> l
     return rows
 
 
+def _share(rows: Sequence[Mapping[str, Any]], test: Any) -> str:
+    """``"k/n"``: of the n rows where ``test`` is defined (not None), k where it holds."""
+    seen = [t for t in (test(r) for r in rows) if t is not None]
+    return f"{sum(seen)}/{len(seen)}"
+
+
+def _defined(*xs: float) -> bool:
+    return not any(math.isnan(x) for x in xs)
+
+
+def runs_summary(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, edge: int = 5) -> list[dict[str, Any]]:
+    """One row per run (label -> its records), for reading several runs' memory credit side by side: memories and
+    steps; mean P and the complete share over the memories of its first and last ``edge`` steps; in how many steps
+    mean A^M was below 0 on turn-1 memories, above 0 on turn-3+ memories, higher on complete memories than on the
+    others (of the steps where both are defined); and the median over steps of the within-group corr(A^M, A^T)."""
+    out = []
+    for label, records in runs.items():
+        rows = summarize(records)
+        steps = [r["step"] for r in rows]
+        first = [r for r in records if r["step"] in steps[:edge]]
+        last = [r for r in records if r["step"] in steps[-edge:]]
+        corr = sorted(r["adv_corr"] for r in rows if _defined(r["adv_corr"]))
+        out.append({
+            "run": label, "steps": len(rows), "memories": len(records),
+            f"P first {edge}": _mean([r["p_ans"] for r in first]), f"P last {edge}": _mean([r["p_ans"] for r in last]),
+            f"complete first {edge}": _mean([float(r["complete"]) for r in first]),
+            f"complete last {edge}": _mean([float(r["complete"]) for r in last]),
+            "A^M turn 1 < 0": _share(rows, lambda r: r["A^M turn 1"] < 0 if _defined(r["A^M turn 1"]) else None),
+            "A^M turn 3+ > 0": _share(rows, lambda r: r["A^M turn 3+"] > 0 if _defined(r["A^M turn 3+"]) else None),
+            "A^M complete > other": _share(rows, lambda r: r["A^M complete"] > r["A^M not complete"]
+                                           if _defined(r["A^M complete"], r["A^M not complete"]) else None),
+            "adv_corr median": (corr[(len(corr) - 1) // 2] + corr[len(corr) // 2]) / 2 if corr else float("nan"),
+        })  # fmt: skip
+    return out
+
+
+def run_labels(paths: Sequence[Path]) -> list[str]:
+    """The shortest trailing parts of each path that tell the runs apart (``w0/ledger/mempo_s3`` against
+    ``w1/ledger/mempo_s3``; ``mempo_s3`` when the last parts differ)."""
+    parts = [Path(p).resolve().parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        labels = ["/".join(p[-k:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    raise ValueError(f"the same run is named twice: {[str(p) for p in paths]}")
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -272,19 +320,30 @@ def find_credit_file(run_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mempo.eval.memory_credit", description=__doc__.split("\n")[0])
-    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("run_dir", type=Path, nargs="+")
+    ap.add_argument("--out", type=Path, help="folder for the report and figures (default: next to the one run's "
+                                                "records; required with several runs)")  # fmt: skip
     args = ap.parse_args(argv)
-    path = find_credit_file(args.run_dir)
-    records = load_credit(path)
-    metrics_csv = path.parent / "metrics.csv"
-    step_metrics = list(csv.DictReader(metrics_csv.open(newline=""))) if metrics_csv.is_file() else []
-    text = f"# Memory credit of {path.parent}\n\n{len(records)} memories from {path}\n\n"
-    text += render(summarize(records), step_metrics)
-    (path.parent / "memory_credit.md").write_text(text)
+    if len(args.run_dir) > 1 and args.out is None:
+        ap.error("several runs need --out (their report is written there, not into any one run)")
+    paths = [find_credit_file(r) for r in args.run_dir]
+    runs = dict(zip(run_labels(args.run_dir), (load_credit(p) for p in paths)))
+    out = args.out or paths[0].parent
+    out.mkdir(parents=True, exist_ok=True)
+    text = ""
+    if len(runs) > 1:
+        text = f"# Memory credit of {len(runs)} runs\n\n" + render(runs_summary(runs)) + "\n"
+    for (label, records), path in zip(runs.items(), paths):
+        metrics_csv = path.parent / "metrics.csv"
+        step_metrics = list(csv.DictReader(metrics_csv.open(newline=""))) if metrics_csv.is_file() else []
+        text += f"{'##' if len(runs) > 1 else '#'} Memory credit of {path.parent}\n\n"
+        text += f"{len(records)} memories from {path}\n\n" + render(summarize(records), step_metrics)
+        if records:
+            png = out / ("memory_credit.png" if len(runs) == 1 else f"memory_credit_{label.replace('/', '_')}.png")
+            plot(records, png)
+            text += f"\nfigure: {png.name}\n\n"
+    (out / ("memory_credit.md" if len(runs) == 1 else "memory_credit_runs.md")).write_text(text)
     print(text, end="")
-    if records:
-        plot(records, path.parent / "memory_credit.png")
-        print(f"figure: {path.parent / 'memory_credit.png'}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from torch.testing import assert_close
@@ -17,6 +18,8 @@ from mempo.eval.memory_credit import (
     load_credit,
     main,
     memory_slots,
+    run_labels,
+    runs_summary,
     states_every_value,
     summarize,
     within_group_correlation,
@@ -124,3 +127,41 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path):
         load_credit(path)
     with pytest.raises(FileNotFoundError, match="no memory_credit.jsonl"):
         main([str(tmp_path / "empty")])
+
+
+# A second run: one step, two turn-1 memories of one group, A^M against A^T exactly opposite (r = -1).
+OTHER = [_rec(3, 0, 0, 1, 0.2, -1.0, 1.0), _rec(3, 0, 1, 1, 0.4, 0.5, -1.0)]
+
+
+def test_runs_side_by_side_by_hand():
+    one, two = runs_summary({"a": RECORDS, "b": OTHER}, edge=1)
+    assert (one["run"], one["steps"], one["memories"]) == ("a", 2, 7) and (two["steps"], two["memories"]) == (1, 2)
+    assert_close(one["P first 1"], (0.002 + 0.008 + 0.1 + 0.3 + 0.5) / 5)  # step 1's memories
+    assert_close(one["P last 1"], 0.5)  # step 2's: (0.4 + 0.6) / 2
+    assert_close(one["complete first 1"], 0.4) and assert_close(one["complete last 1"], 0.5)
+    # turn 1: step 1's mean is 0.0 (not below 0), step 2 has none; turn 3+: only step 2, mean 0.0 (not above 0);
+    # complete vs other: step 1 0.5 > -1/3, step 2 -0.5 < 0.5.
+    assert (one["A^M turn 1 < 0"], one["A^M turn 3+ > 0"], one["A^M complete > other"]) == ("0/1", "0/1", "1/2")
+    assert_close(one["adv_corr median"], (-1 + math.sqrt(3) / 2) / 2)  # step 2's is undefined: only step 1's
+    assert_close(two["P first 1"], 0.3) and assert_close(two["P last 1"], 0.3)
+    assert (two["A^M turn 1 < 0"], two["A^M turn 3+ > 0"], two["A^M complete > other"]) == ("1/1", "0/0", "0/0")
+    assert_close(two["adv_corr median"], -1.0)
+
+
+def test_several_runs_are_reported_together_outside_the_runs(tmp_path):
+    for name, records in (("a", RECORDS), ("b", OTHER)):
+        (tmp_path / name / "mempo_s3").mkdir(parents=True)
+        (tmp_path / name / "mempo_s3" / "memory_credit.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records)
+        )
+    runs = [str(tmp_path / "a" / "mempo_s3"), str(tmp_path / "b" / "mempo_s3")]
+    assert run_labels([Path(r) for r in runs]) == ["a/mempo_s3", "b/mempo_s3"]
+    assert run_labels([tmp_path / "a", tmp_path / "b"]) == ["a", "b"]
+    with pytest.raises(SystemExit):  # several runs and no --out: nothing is written into any run
+        main(runs)
+    assert main([*runs, "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "memory_credit_runs.md").read_text()
+    assert "| a/mempo_s3 | 2 | 7 |" in report and "| b/mempo_s3 | 1 | 2 |" in report
+    assert report.count("## Memory credit of") == 2
+    assert (tmp_path / "report" / "memory_credit_b_mempo_s3.png").stat().st_size > 0
+    assert not list(tmp_path.glob("[ab]/mempo_s3/memory_credit.[mp]*"))  # the runs' folders are left as they were
