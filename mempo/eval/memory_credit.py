@@ -22,9 +22,10 @@ import argparse
 import csv
 import math
 import re
+import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,14 +218,10 @@ def summarize(records: Sequence[Mapping[str, Any]], *, low_p: float = 0.01) -> l
     return rows
 
 
-def _share(rows: Sequence[Mapping[str, Any]], test: Any) -> str:
-    """``"k/n"``: of the n rows where ``test`` is defined (not None), k where it holds."""
-    seen = [t for t in (test(r) for r in rows) if t is not None]
+def _share(rows: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, Any]], bool], *keys: str) -> str:
+    """``"k/n"``: of the n rows where every one of ``keys`` is defined (not NaN), k where ``test`` holds."""
+    seen = [test(r) for r in rows if not any(math.isnan(r[k]) for k in keys)]
     return f"{sum(seen)}/{len(seen)}"
-
-
-def _defined(*xs: float) -> bool:
-    return not any(math.isnan(x) for x in xs)
 
 
 def runs_summary(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, edge: int = 5) -> list[dict[str, Any]]:
@@ -238,17 +235,17 @@ def runs_summary(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, edge: int =
         steps = [r["step"] for r in rows]
         first = [r for r in records if r["step"] in steps[:edge]]
         last = [r for r in records if r["step"] in steps[-edge:]]
-        corr = sorted(r["adv_corr"] for r in rows if _defined(r["adv_corr"]))
+        corr = [r["adv_corr"] for r in rows if not math.isnan(r["adv_corr"])]
         out.append({
             "run": label, "steps": len(rows), "memories": len(records),
             f"P first {edge}": _mean([r["p_ans"] for r in first]), f"P last {edge}": _mean([r["p_ans"] for r in last]),
             f"complete first {edge}": _mean([float(r["complete"]) for r in first]),
             f"complete last {edge}": _mean([float(r["complete"]) for r in last]),
-            "A^M turn 1 < 0": _share(rows, lambda r: r["A^M turn 1"] < 0 if _defined(r["A^M turn 1"]) else None),
-            "A^M turn 3+ > 0": _share(rows, lambda r: r["A^M turn 3+"] > 0 if _defined(r["A^M turn 3+"]) else None),
-            "A^M complete > other": _share(rows, lambda r: r["A^M complete"] > r["A^M not complete"]
-                                           if _defined(r["A^M complete"], r["A^M not complete"]) else None),
-            "adv_corr median": (corr[(len(corr) - 1) // 2] + corr[len(corr) // 2]) / 2 if corr else float("nan"),
+            "A^M turn 1 < 0": _share(rows, lambda r: r["A^M turn 1"] < 0, "A^M turn 1"),
+            "A^M turn 3+ > 0": _share(rows, lambda r: r["A^M turn 3+"] > 0, "A^M turn 3+"),
+            "A^M complete > other": _share(rows, lambda r: r["A^M complete"] > r["A^M not complete"],
+                                           "A^M complete", "A^M not complete"),
+            "adv_corr median": statistics.median(corr) if corr else float("nan"),
         })  # fmt: skip
     return out
 

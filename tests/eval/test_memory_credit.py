@@ -138,12 +138,14 @@ def test_runs_side_by_side_by_hand():
     assert (one["run"], one["steps"], one["memories"]) == ("a", 2, 7) and (two["steps"], two["memories"]) == (1, 2)
     assert_close(one["P first 1"], (0.002 + 0.008 + 0.1 + 0.3 + 0.5) / 5)  # step 1's memories
     assert_close(one["P last 1"], 0.5)  # step 2's: (0.4 + 0.6) / 2
-    assert_close(one["complete first 1"], 0.4) and assert_close(one["complete last 1"], 0.5)
+    assert_close(one["complete first 1"], 0.4)
+    assert_close(one["complete last 1"], 0.5)
     # turn 1: step 1's mean is 0.0 (not below 0), step 2 has none; turn 3+: only step 2, mean 0.0 (not above 0);
     # complete vs other: step 1 0.5 > -1/3, step 2 -0.5 < 0.5.
     assert (one["A^M turn 1 < 0"], one["A^M turn 3+ > 0"], one["A^M complete > other"]) == ("0/1", "0/1", "1/2")
     assert_close(one["adv_corr median"], (-1 + math.sqrt(3) / 2) / 2)  # step 2's is undefined: only step 1's
-    assert_close(two["P first 1"], 0.3) and assert_close(two["P last 1"], 0.3)
+    assert_close(two["P first 1"], 0.3)
+    assert_close(two["P last 1"], 0.3)
     assert (two["A^M turn 1 < 0"], two["A^M turn 3+ > 0"], two["A^M complete > other"]) == ("1/1", "0/0", "0/0")
     assert_close(two["adv_corr median"], -1.0)
 
