@@ -117,10 +117,12 @@ class OptimConfig:
     shared_prefix: the update's forwards (and the old and reference log-probs' recomputes) compute the leading tokens
     every row of a micro-batch shares (the system prompt, the chat template's) once (``mempo.lm.shared_prefix``): the
     same objective, fewer positions computed (perf/update_positions); an unsharded policy with SDPA attention only.
+    auto: on where the update runs on a CPU and the policy is not sharded (``builders.build_optim_config``).
     head_grad_in_forward: the update's forward computes a frozen output head's gradient with respect to the hidden
     states from the logits it has (``mempo.lm.logprobs.head_logprobs``): two vocabulary-wide matmuls a scored token
     instead of three; the same log-probs, the same gradient up to bf16 rounding. Needs a frozen head (SmolLM2's tied
-    head under model.train_top_layers or LoRA; refused where the head trains) and an unsharded policy.
+    head under model.train_top_layers or LoRA; refused where the head trains) and an unsharded policy. auto: on where
+    shared_prefix's auto would be and the head is frozen (``builders.build_optim_config``).
     """
 
     lr: float = 1e-6
@@ -135,8 +137,8 @@ class OptimConfig:
     skip_zero_adv_rows: bool = True
     fuse_old_logp: bool = True
     compile_update: bool | str = False
-    shared_prefix: bool = False
-    head_grad_in_forward: bool = False
+    shared_prefix: bool | str = False
+    head_grad_in_forward: bool | str = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -149,6 +151,8 @@ class OptimConfig:
             ("old_logp", self.old_logp in OLD_LOGP_SOURCES, one_of(OLD_LOGP_SOURCES)),
             ("max_nonfinite", self.max_nonfinite >= 1, "must be >= 1"),
             ("compile_update", self.compile_update in (True, False, "auto"), "must be true, false or auto"),
+            ("shared_prefix", self.shared_prefix in (True, False, "auto"), "must be true, false or auto"),
+            ("head_grad_in_forward", self.head_grad_in_forward in (True, False, "auto"), "must be true, false or auto"),
             (
                 "compile_update",
                 self.compile_update is not True or self.old_logp in ("auto", "recompute"),
@@ -189,8 +193,11 @@ class MemPOModule(L.LightningModule):
         if reference is not None:
             reference.requires_grad_(False).eval()
         self.tokenizer, self.env, self.builder = tokenizer, env, builder
-        if optim.old_logp == "auto" or optim.compile_update == "auto":
-            raise ValueError("optim.old_logp / compile_update=auto must be resolved before the module (builders)")
+        if "auto" in (optim.old_logp, optim.compile_update, optim.shared_prefix, optim.head_grad_in_forward):
+            raise ValueError(
+                "optim.old_logp / compile_update / shared_prefix / head_grad_in_forward=auto must be resolved before "
+                "the module (builders.build_optim_config)"
+            )
         head = policy.get_output_embeddings()
         if optim.head_grad_in_forward and (head is None or any(p.requires_grad for p in head.parameters())):
             raise ValueError(

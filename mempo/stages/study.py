@@ -68,7 +68,7 @@ from mempo.lm.loading import load_policy
 from mempo.lm.lora import base_fingerprint
 from mempo.lm.scoring import memory_answer_probabilities
 from mempo.losses import scores_memories
-from mempo.stages.builders import build_builder, group, run_path
+from mempo.stages.builders import build_builder, build_optim_config, group, run_path
 from mempo.stages.config import CONFIG_DIR, exp_delta, require_eval_task_count, resolve_precision
 from mempo.stages.evaluate import run_eval
 from mempo.stages.ledger import EVAL_FILE, RUN_CONFIG, entry_result, merged, read_entry, write_entry
@@ -112,6 +112,11 @@ STUDY_RL_ROLLOUT_S = {"amx": 2.2, "avx512_bf16": 2.9, "avx2": 2.2 * AVX2_SCALE}
 # every 10 steps and both compilations included; a 40-step grpo_cpu_40 run took about 50 min on a 2-core AVX512-BF16
 # EPYC (2.35 s a rollout). On AVX2 the fast path's switches resolve off: STUDY_RL_ROLLOUT_S.
 FAST_PATH_ROLLOUT_S = {"amx": 1.45, "avx512_bf16": 2.35}
+# The fast path's two update switches (optim.shared_prefix, and with it optim.head_grad_in_forward; auto in
+# exp/grpo_cpu_fast since 2026-12-07) divide its rate by these on the kinds where they were measured: the shared
+# prefix's learning check on the Zen 4 EPYC, steps 2-10 at two seeds, 1,429 s without them, 1,366 s with the shared
+# prefix (1.05x), 1,151 s with both (1.24x; docs/performance.md). Not measured on AMX, where the rates stand.
+FAST_PATH_SWITCHES_SPEEDUP = {"avx512_bf16": {"shared_prefix": 1.05, "both": 1.24}}
 # A run that scores its memories (mempo.losses.scores_memories) against the same recipe without, per CPU kind. In the
 # MemPO study (grpo_cpu_40, 40 steps, 2-core AMX Xeon; docs/results.md): the three MemPO seeds' step times 2.23x, 2.32x
 # and 1.56x their ablation seeds', mean 2.0. Seed 5, the one that ran alone throughout, is the 1.56x: the scoring
@@ -205,14 +210,17 @@ def arm_seed_configs(cfg: DictConfig) -> dict[tuple[str, int], DictConfig]:
 def rl_rollout_s(c: DictConfig, kind: str) -> float:
     """Seconds per rollout of one arm-seed run of config ``c`` on a 2-core CPU of ``kind``: the grpo_cpu family's
     measured rate where only the top layers train (``STUDY_RL_ROLLOUT_S``; ``FAST_PATH_ROLLOUT_S`` when its engine runs
-    in bf16, ``sampler.dtype=auto`` on a CPU with native bf16), else the demo recipe's (``DEMO_RATES``); times
+    in bf16, ``sampler.dtype=auto`` on a CPU with native bf16, divided by ``FAST_PATH_SWITCHES_SPEEDUP`` where its
+    update switches resolve on), else the demo recipe's (``DEMO_RATES``); times
     ``MEMORY_SCORING_FACTOR[kind]`` for a top-layers run that scores its memories (``mempo.losses.scores_memories``; the
     rates above are ablations')."""
     if not c.model.train_top_layers:
         return DEMO_RATES[kind]["rl_rollout"]
     scoring = MEMORY_SCORING_FACTOR[kind] if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
     if kind in FAST_PATH_ROLLOUT_S and c.sampler.get("dtype") in ("auto", "bfloat16"):
-        return FAST_PATH_ROLLOUT_S[kind] * scoring
+        optim, speedups = build_optim_config(c), FAST_PATH_SWITCHES_SPEEDUP.get(kind, {})
+        switches = "both" if optim.head_grad_in_forward else "shared_prefix"
+        return FAST_PATH_ROLLOUT_S[kind] * scoring / (speedups.get(switches, 1.0) if optim.shared_prefix else 1.0)
     return STUDY_RL_ROLLOUT_S[kind] * scoring
 
 

@@ -126,6 +126,8 @@ def test_the_canary_tolerance_follows_the_engine_unless_set(canary_tol, engine, 
         ("sampler.enforce_eager=sometimes", "sampler.enforce_eager"),
         ("sampler.block_size=0", "sampler.block_size"),
         ("sampler.canary_tol=0", "sampler.canary_tol"),
+        ("optim.shared_prefix=sometimes", "optim.shared_prefix"),
+        ("optim.head_grad_in_forward=sometimes", "optim.head_grad_in_forward"),
     ],
 )
 def test_bad_values_are_errors_naming_the_key(override: str, key: str) -> None:
@@ -144,36 +146,57 @@ def test_the_memory_plan_reads_dtype_auto_as_the_targets_native_bf16() -> None:
     assert plan_inputs(cfg, shape).engine.dtype_bytes == 4
 
 
+OFF_OFF = "shared prefix off (optim.shared_prefix=false), head gradient in backward (optim.head_grad_in_forward=false)"
+ON_ON = "shared prefix on (optim.shared_prefix=auto), head gradient in forward (optim.head_grad_in_forward=auto)"
+
+
 @pytest.mark.parametrize(
-    ("overrides", "expected"),
+    ("overrides", "expected", "update_switches"),
     [
-        ((), "engine float32 (sampler.dtype=float32), eager (sampler.enforce_eager=true); old log-probs sampler"),
-        (("+exp=grpo_cpu_40",), "(sampler.dtype=auto), compiled (sampler.enforce_eager=auto); old log-probs "),
-        (("+exp=grpo_cpu_fast",), "(sampler.dtype=auto), eager (sampler.enforce_eager=auto); old log-probs "),
+        ((), "engine float32 (sampler.dtype=float32), eager (sampler.enforce_eager=true); old log-probs s", OFF_OFF),
+        (("+exp=grpo_cpu_40",), "(sampler.dtype=auto), compiled (sampler.enforce_eager=auto); old log-probs ", ON_ON),
+        (("+exp=grpo_cpu_fast",), "(sampler.dtype=auto), eager (sampler.enforce_eager=auto); old log-probs ", ON_ON),
     ],
 )
-def test_the_run_prints_its_speed_switches_as_resolved(overrides: tuple[str, ...], expected: str) -> None:
+def test_the_run_prints_its_speed_switches_as_resolved(overrides, expected, update_switches) -> None:
     line = speed_settings_line(compose_config(*overrides))
     assert expected in line
     bf16_engine = "auto" in expected and cpu_has_bf16()  # auto: a bf16 engine where the CPU has native bf16
     assert line.startswith("engine bfloat16" if bf16_engine else "engine float32")
     assert ("update compiled" in line) == bf16_engine  # compile_update=auto follows the recomputed old log-probs
-    assert (
-        "shared prefix off (optim.shared_prefix=false), head gradient in backward (optim.head_grad_in_forward=false)"
-        in line
-    )
+    assert update_switches in line  # auto: both on for a CPU update, unsharded, with the head frozen (top 8 layers)
     assert line.endswith(f"on a CPU of kind {rate_kind()}")
     # Each switch on alone: the line reads each from its own key.
-    shared = speed_settings_line(compose_config(*overrides, "optim.shared_prefix=true"))
+    alone = ("optim.shared_prefix=true", "optim.head_grad_in_forward=false")
+    shared = speed_settings_line(compose_config(*overrides, *alone))
     assert (
         "shared prefix on (optim.shared_prefix=true), head gradient in backward (optim.head_grad_in_forward=false)"
         in shared
     )
-    head = speed_settings_line(compose_config(*overrides, "optim.head_grad_in_forward=true"))
+    alone = ("optim.shared_prefix=false", "optim.head_grad_in_forward=true")
+    head = speed_settings_line(compose_config(*overrides, *alone))
     assert (
         "shared prefix off (optim.shared_prefix=false), head gradient in forward (optim.head_grad_in_forward=true)"
         in head
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shared", "head"),
+    [
+        ((), False, False),  # the default recipe leaves them off
+        (("+exp=grpo_cpu",), False, False),  # and the main job's RL recipe
+        (("+exp=grpo_cpu_fast",), True, True),  # a CPU update, unsharded, the head frozen (model.train_top_layers=8)
+        (("+exp=grpo_cpu_fast", "model.train_top_layers=null"), True, False),  # every layer trains: the head too
+        (("+exp=grpo_cpu_fast", "model.train_top_layers=null", "model.lora.rank=8"), True, True),  # LoRA: base frozen
+        (("+exp=grpo_cpu_fast", "trainer=gpu"), False, False),  # not measured on GPUs: auto leaves them off
+        (("+exp=grpo_cpu_fast", "trainer=fsdp"), False, False),  # sharded
+        (("+exp=grpo_cpu_fast", "optim.shared_prefix=false"), False, True),  # each auto resolves on its own
+    ],
+)
+def test_the_update_switches_auto_resolve_by_where_the_update_runs(overrides, shared: bool, head: bool) -> None:
+    optim = build_optim_config(compose_config(*overrides))
+    assert (optim.shared_prefix, optim.head_grad_in_forward) == (shared, head)
 
 
 @pytest.mark.parametrize(

@@ -81,3 +81,25 @@ def test_shared_prefix_refuses_a_sharded_policy() -> None:
     ids = torch.ones(2, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="optim.shared_prefix: not for a sharded model"):
         token_logprobs(model, ids, ids.bool(), shared_prefix=True)
+
+
+def test_auto_reaches_the_update_resolved(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """``optim.shared_prefix=auto`` (and head_grad_in_forward=auto) on a CPU run: the builders resolve it before the
+    module, so the update repacks, while the head, which trains here (tiny, every layer), keeps its gradient in
+    backward (the module would refuse it in forward)."""
+    repacked = []
+    real = logprobs.shared_prefix_attention
+
+    @contextmanager
+    def counted(model):
+        repacked.append(1)
+        with real(model):
+            yield
+
+    monkeypatch.setattr(logprobs, "shared_prefix_attention", counted)
+    switches = ("optim.shared_prefix=auto", "optim.head_grad_in_forward=auto", "trainer.accelerator=cpu")
+    fit_rl(make_cfg(*RUN, *switches, f"run_dir={tmp_path}"))
+    row = step_row(tmp_path)
+    assert repacked  # on
+    padded = float(row["perf/update_tokens"]) / (1 - float(row["perf/update_pad_frac"]))
+    assert float(row["perf/update_positions"]) < 0.9 * padded
