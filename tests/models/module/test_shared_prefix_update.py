@@ -26,6 +26,21 @@ def step_row(run_dir: Path) -> dict[str, str]:
     return row
 
 
+def count_repacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each forward that runs repacked (the shared prefix's attention installed)."""
+    repacked: list[int] = []
+    real = logprobs.shared_prefix_attention
+
+    @contextmanager
+    def counted(model):
+        repacked.append(1)
+        with real(model):
+            yield
+
+    monkeypatch.setattr(logprobs, "shared_prefix_attention", counted)
+    return repacked
+
+
 @pytest.mark.parametrize(
     ("old_logp", "more"),
     [("recompute", []), ("sampler", []), ("recompute", ["model.gradient_checkpointing=true"])],
@@ -36,16 +51,7 @@ def test_a_shared_prefix_update_moves_the_weights_as_the_unshared_one(
     """One float32 step from the same rollouts (the HF sampler runs before the update), the old log-probs from the
     update's own forward (recompute, fused) or from the engine; with gradient checkpointing the layers' recompute in
     backward repacks too (the update holds the switch across its backward)."""
-    repacked = []  # each forward that ran repacked (the shared prefix's attention installed)
-    real = logprobs.shared_prefix_attention
-
-    @contextmanager
-    def counted(model):
-        repacked.append(1)
-        with real(model):
-            yield
-
-    monkeypatch.setattr(logprobs, "shared_prefix_attention", counted)
+    repacked = count_repacks(monkeypatch)
     figures = {}
     for shared in ("false", "true"):
         run_dir = tmp_path / shared
@@ -87,16 +93,7 @@ def test_auto_reaches_the_update_resolved(make_cfg, tmp_path: Path, monkeypatch)
     """``optim.shared_prefix=auto`` (and head_grad_in_forward=auto) on a CPU run: the builders resolve it before the
     module, so the update repacks, while the head, which trains here (tiny, every layer), keeps its gradient in
     backward (the module would refuse it in forward)."""
-    repacked = []
-    real = logprobs.shared_prefix_attention
-
-    @contextmanager
-    def counted(model):
-        repacked.append(1)
-        with real(model):
-            yield
-
-    monkeypatch.setattr(logprobs, "shared_prefix_attention", counted)
+    repacked = count_repacks(monkeypatch)
     switches = ("optim.shared_prefix=auto", "optim.head_grad_in_forward=auto", "trainer.accelerator=cpu")
     fit_rl(make_cfg(*RUN, *switches, f"run_dir={tmp_path}"))
     row = step_row(tmp_path)
