@@ -100,6 +100,11 @@ FLOAT32_EVAL_S = {"amx": 0.78, "avx512_bf16": 0.97, "avx2": DEMO_RATES["avx2"]["
 # earlier turn. The same world-1 evaluation of the ReAct warm start took 3,839 s, (3839 - 25) / 1536 = 2.48 s an
 # objective, 2.6x (EPYC, N = 2, 4, 6 in equal numbers; the ratio grows with N, and is not measured on the other kinds).
 FULL_HISTORY_EVAL_FACTOR = 2.6
+# A full-history (ReAct) arm's RL step against the memory agent's GRPO ablation at the same recipe: its update holds
+# every earlier turn (a median of 42k update tokens a step against 27k). World 1 of the horizon study on the EPYC:
+# ReAct seed 3's median step 124.5 s (steps 8-40, those after its last resume's compile, alone) against the ablation
+# seed 3's 70.1 s, 1.78x (update 93 s against 43, generation 31 against 26). Not measured on the other kinds.
+FULL_HISTORY_RL_FACTOR = 1.78
 # The ratio of RL time per rollout between AVX2 and AVX512-BF16 measured for training (DEMO_RATES' earlier rates,
 # 13.0 / 4.9): the study's rates below were measured with native bf16 only and are scaled by it on AVX2.
 AVX2_SCALE = 13.0 / 4.9
@@ -213,15 +218,17 @@ def rl_rollout_s(c: DictConfig, kind: str) -> float:
     in bf16, ``sampler.dtype=auto`` on a CPU with native bf16, divided by ``FAST_PATH_SWITCHES_SPEEDUP`` where its
     update switches resolve on), else the demo recipe's (``DEMO_RATES``); times
     ``MEMORY_SCORING_FACTOR[kind]`` for a top-layers run that scores its memories (``mempo.losses.scores_memories``; the
-    rates above are ablations')."""
+    rates above are ablations'), and times ``FULL_HISTORY_RL_FACTOR`` for a full-history agent."""
+    history = FULL_HISTORY_RL_FACTOR if c.agent.context == "full_history" else 1.0
     if not c.model.train_top_layers:
-        return DEMO_RATES[kind]["rl_rollout"]
+        return DEMO_RATES[kind]["rl_rollout"] * history
     scoring = MEMORY_SCORING_FACTOR[kind] if scores_memories(group(c, "memory"), group(c, "advantage")) else 1.0
     if kind in FAST_PATH_ROLLOUT_S and c.sampler.get("dtype") in ("auto", "bfloat16"):
         optim, speedups = build_optim_config(c), FAST_PATH_SWITCHES_SPEEDUP.get(kind, {})
         switches = "both" if optim.head_grad_in_forward else "shared_prefix"
-        return FAST_PATH_ROLLOUT_S[kind] * scoring / (speedups.get(switches, 1.0) if optim.shared_prefix else 1.0)
-    return STUDY_RL_ROLLOUT_S[kind] * scoring
+        speedup = speedups.get(switches, 1.0) if optim.shared_prefix else 1.0
+        return FAST_PATH_ROLLOUT_S[kind] * scoring * history / speedup
+    return STUDY_RL_ROLLOUT_S[kind] * scoring * history
 
 
 def expected_seconds(cfg: DictConfig, runs: dict[tuple[str, int], DictConfig], kind: str) -> dict[str, float]:

@@ -107,6 +107,11 @@ def test_the_expected_time_prices_a_full_history_checkpoint_s_evaluation_higher(
     memory, full = r["startup"] + 20 * 0.97, r["startup"] + 20 * 0.97 * 2.6
     assert got["checkpoints"] == 5
     torch.testing.assert_close(got["eval"], 3 * memory + 2 * full)
+    # and its RL run at 1.78x the ablation's step (grpo_cpu: 6 steps x 4 tasks x G = 8 at the study's float32-engine
+    # rate; MemPO's at the memory-scoring factor, 1.55 on this kind)
+    rollouts, rate = 6 * 32, study_stage.STUDY_RL_ROLLOUT_S["avx512_bf16"]
+    runs = [r["startup"] + rollouts * rate * factor for factor in (1.0, 1.55, 1.78)]
+    torch.testing.assert_close(got["runs"], sum(runs))
 
 
 def test_the_expected_time_leaves_out_the_checkpoints_an_earlier_evaluation_holds(tmp_path, monkeypatch) -> None:
